@@ -99,7 +99,7 @@ struct EpConfig {
 // and p enters s only once it is done reading op s-1.
 struct BufferLayout {
   int64_t slots = 0;                // W * max_tokens_per_rank receive slots (source rank major)
-  int64_t x_bytes_per_token = 0;    // hidden * (fp8 ? 1 : 2)
+  int64_t x_bytes_per_token = 0;    // hidden * 2: a bf16 row; fp8 rows use the first half of a slot
   int64_t scales_per_token = 0;     // hidden / 128 (fp8 only)
   // dispatch receive region, structure of arrays
   int64_t x = 0, scales = 0, topk_idx = 0, topk_weights = 0, src_token = 0, dispatch_bytes = 0;
@@ -110,7 +110,7 @@ struct BufferLayout {
   RF_HD static BufferLayout make(const EpConfig& c) {
     BufferLayout l;
     l.slots = int64_t(c.world_size) * c.max_tokens_per_rank;
-    l.x_bytes_per_token = c.hidden * (c.fp8 ? 1 : 2);
+    l.x_bytes_per_token = c.hidden * 2;  // bf16 dispatch stays possible on an fp8 buffer
     l.scales_per_token = c.fp8 ? c.hidden / kFp8BlockSize : 0;
     int64_t off = 0;
     l.x = off;            off = align_up(off + l.slots * l.x_bytes_per_token, kRegionAlignment);

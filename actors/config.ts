@@ -1,0 +1,25 @@
+// Every environment variable rankflow reads, with its default, in one place.
+import { fileURLToPath } from 'node:url';
+import path from 'node:path';
+
+const env = process.env;
+const num = (v: string | undefined, fallback: number): number => (v !== undefined && v !== '' && Number.isFinite(Number(v)) ? Number(v) : fallback);
+
+/** Root of the installed package (dist/actors/config.js -> ../..). */
+export const PACKAGE_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+
+export const config = {
+  /** RANKFLOW_BACKEND: overrides `backend: 'auto'` ('host' | 'cuda'). */
+  backend: env.RANKFLOW_BACKEND as 'host' | 'cuda' | undefined,
+  /** RANKFLOW_ADDON: path of the native addon; default build/native/Release/rankflow.node in the package. */
+  addonPath: env.RANKFLOW_ADDON ?? path.join(PACKAGE_ROOT, 'build', 'native', 'Release', 'rankflow.node'),
+  /** RANKFLOW_CPU_TIMEOUT / RANKFLOW_GPU_TIMEOUT: default timeouts in seconds (API: 300 and 100). */
+  cpuSeconds: num(env.RANKFLOW_CPU_TIMEOUT, 300),
+  gpuSeconds: num(env.RANKFLOW_GPU_TIMEOUT, 100),
+  /** RANKFLOW_HOST_RANKS: default rank count of the host backend (API: 2). */
+  hostRanks: num(env.RANKFLOW_HOST_RANKS, 2),
+  /** RANKFLOW_RENDEZVOUS_TIMEOUT: seconds a process waits for the others of its world. */
+  rendezvousSeconds: num(env.RANKFLOW_RENDEZVOUS_TIMEOUT, 60),
+  /** NCCL_HOME: where the cuda backend looks for libnccl.so.2 first. */
+  ncclHome: env.NCCL_HOME,
+} as const;

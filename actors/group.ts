@@ -1,0 +1,461 @@
+// The main thread's view of a group of ranks: one worker per rank, a mirror of each rank's state
+// (plain data, updated by the transitions the workers report), the collective operations in driver
+// mode, rank programs, and teardown. Collectives are queued: calls on one group never interleave.
+import { Worker } from 'node:worker_threads';
+import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'eventemitter3';
+import * as Comlink from 'comlink/dist/esm/comlink.mjs';
+import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
+
+import { config } from './config.js';
+import { RankflowError, invalid } from './errors.js';
+import { loadAddon, type ExportedSegments } from './native.js';
+import { resolveBackend, type Backend } from './backend.js';
+import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
+import {
+  checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
+  type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
+} from './validate.js';
+import { engramSizeHint, sizeHint } from './hints.js';
+import type { FailureInfo } from '../machines/index.js';
+import type { RankWorkerApi } from '../workers/rank.js';
+import type { CombineResult, DispatchResult, RankInit } from '../workers/ops.js';
+import { isWorkerMessage, type TransitionEvent } from '../workers/protocol.js';
+
+export type { TransitionEvent };
+
+export interface GroupOptions {
+  ranks?: number;
+  backend?: 'auto' | Backend;
+  devices?: number[];
+  /** Ranks per node: the physical NVLink domain (default: all ranks). */
+  ranksPerNode?: number;
+  buffer: BufferConfig;
+  timeouts?: { cpuSeconds?: number; gpuSeconds?: number };
+  /** Every xstate inspection event of every rank, as plain data tagged with its rank. */
+  inspect?: (record: Record<string, unknown>) => void;
+}
+
+export interface RankSnapshot {
+  rank: number;
+  state: string;
+  seq: number;
+  error?: FailureInfo;
+}
+
+export interface GroupEvents {
+  transition: (t: TransitionEvent) => void;
+  failed: (f: { rank: number; error: RankflowError }) => void;
+  inspect: (record: Record<string, unknown>) => void;
+}
+
+const WORKER_URL = new URL('../workers/rank.js', import.meta.url);
+const DESTROY_GRACE_MS = 5000;
+
+/** A rank as the main thread sees it: plain data kept current by the rank's transitions. */
+export class RankHandle {
+  state = 'init';
+  seq = 0;
+  error?: RankflowError;
+  /** @internal */ exited = false;
+
+  constructor(readonly rank: number, private readonly group: Group) {}
+
+  /** Ends the rank's worker abruptly, as a crash would (API.md, Faults). */
+  terminate(): Promise<void> {
+    return this.group.terminateRank(this.rank);
+  }
+}
+
+interface Member {
+  worker: Worker;
+  api: Comlink.Remote<RankWorkerApi>;
+  /** rejects with RANK_FAILED when the worker exits: raced against every call to it */
+  gone: Promise<never>;
+}
+
+export class Group extends EventEmitter<GroupEvents> {
+  readonly id = randomUUID();
+  readonly ranks: RankHandle[];
+  private readonly members: Member[] = [];
+  private queue: Promise<unknown> = Promise.resolve();
+  private destroying = false;
+  private sessionOpen = false;
+  private bufferBytes = 0;
+
+  private constructor(
+    readonly size: number,
+    readonly backend: Backend,
+    readonly buffer: BufferConfig,
+    private readonly opts: GroupOptions,
+  ) {
+    super();
+    this.ranks = Array.from({ length: size }, (_, r) => new RankHandle(r, this));
+  }
+
+  /** @internal use createGroup() */
+  static async create(opts: GroupOptions): Promise<Group> {
+    if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be an object { buffer, ranks?, backend?, ... }');
+    const backend = checkBackendOption(opts.backend);
+    const size = opts.ranks ?? config.hostRanks;
+    checkPositiveInt('ranks', size, 64);
+    const buffer = checkBufferConfig(opts.buffer, size);
+    const ranksPerNode = opts.ranksPerNode ?? size;
+    checkPositiveInt('ranksPerNode', ranksPerNode, size);
+    if (size % ranksPerNode !== 0) throw invalid('ranksPerNode', `(${ranksPerNode}) must divide ranks (${size})`);
+    const cpuSeconds = opts.timeouts?.cpuSeconds ?? config.cpuSeconds;
+    const gpuSeconds = opts.timeouts?.gpuSeconds ?? config.gpuSeconds;
+    if (!(cpuSeconds > 0)) throw invalid('timeouts.cpuSeconds', `must be a positive number (got ${cpuSeconds})`);
+    if (!(gpuSeconds > 0)) throw invalid('timeouts.gpuSeconds', `must be a positive number (got ${gpuSeconds})`);
+    if (opts.inspect !== undefined && typeof opts.inspect !== 'function') throw invalid('inspect', 'must be a function (record) => void');
+    const layout = loadAddon().layout(buffer, size);
+    if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
+      throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
+    const resolved = resolveBackend(backend);
+    if (resolved === 'cuda') throw new RankflowError('BACKEND_UNAVAILABLE', "backend 'cuda': group creation on GPUs is not in this build yet");
+
+    const group = new Group(size, resolved, buffer, opts);
+    if (opts.inspect) group.on('inspect', opts.inspect);
+    try {
+      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds });
+    } catch (e) {
+      await group.destroy().catch(() => {});
+      throw RankflowError.from(e);
+    }
+    return group;
+  }
+
+  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number }): Promise<void> {
+    for (let r = 0; r < this.size; r++) {
+      const init: RankInit = {
+        rank: r, worldSize: this.size, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
+        cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: this.opts.inspect !== undefined,
+      };
+      this.members.push(this.spawn(r, init));
+    }
+    const exported = await Promise.all(this.members.map((m, r) => this.call(r, () => m.api.exported())));
+    this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
+    const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
+    await this.all((api) => api.register(peers));
+  }
+
+  private spawn(rank: number, init: RankInit): Member {
+    const worker = new Worker(WORKER_URL, { workerData: init });
+    const handle = this.ranks[rank]!;
+    worker.on('message', (m: unknown) => {
+      if (!isWorkerMessage(m)) return;
+      if (m.kind === 'transition') this.onTransition(m.transition);
+      else if (m.kind === 'inspect') this.emit('inspect', m.record);
+    });
+    const gone = new Promise<never>((_, reject) => {
+      const onGone = (why: string): void => {
+        if (handle.exited) return;
+        handle.exited = true;
+        const error = new RankflowError('RANK_FAILED', `rank ${rank} ${why}`, { rank, state: handle.state });
+        if (!this.destroying && handle.state !== 'destroyed') this.markFailed(rank, error);
+        reject(error);
+      };
+      worker.on('error', (e) => onGone(`crashed: ${e.message}`));
+      worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
+    });
+    gone.catch(() => {});
+    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone };
+  }
+
+  private onTransition(t: TransitionEvent): void {
+    const handle = this.ranks[t.rank]!;
+    handle.state = t.to;
+    if (t.seq !== undefined) handle.seq = t.seq;
+    this.emit('transition', t);
+    if (t.to === 'failed' && t.error) {
+      const error = new RankflowError(t.error.code as never, t.error.message, { rank: t.error.rank ?? t.rank, state: t.from, phase: t.error.phase });
+      this.markFailed(t.rank, error, t.error.code !== 'RANK_FAILED');
+    }
+  }
+
+  /** Records a rank's failure once, tells the group, and fails its peers fast when it is the origin. */
+  private markFailed(rank: number, error: RankflowError, origin = true): void {
+    const handle = this.ranks[rank]!;
+    if (handle.error) return;
+    handle.error = error;
+    if (handle.exited) handle.state = 'failed';
+    this.emit('failed', { rank, error });
+    if (!origin || this.destroying) return;
+    const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
+    this.members.forEach((m, r) => {
+      const peer = this.ranks[r]!;
+      if (r !== rank && !peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(rank, info).catch(() => {});
+    });
+  }
+
+  /** Calls rank r's worker; fails with RANK_FAILED if the worker dies first. */
+  private call<T>(r: number, fn: () => Promise<T>): Promise<T> {
+    const m = this.members[r]!;
+    if (this.ranks[r]!.exited) return m.gone;
+    return Promise.race([fn(), m.gone]);
+  }
+
+  /** Runs fn on every rank; rejects with the root cause (a failure that is not a consequence). */
+  private async all<T>(fn: (api: Comlink.Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
+    const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => fn(m.api, r))));
+    const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
+    if (errors.length > 0) throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+    return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
+  }
+
+  /** Queues a collective: its checks run when its turn comes, against the ranks' current states. */
+  private collective<T>(states: readonly string[], body: () => Promise<T>): Promise<T> {
+    const run = async (): Promise<T> => {
+      if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
+      for (const h of this.ranks) {
+        if (h.error) throw new RankflowError(h.error.code, h.error.message, { rank: h.error.rank ?? h.rank, state: h.state, phase: h.error.phase });
+        if (!states.includes(h.state)) throw new RankflowError('STATE', `rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')}`, { rank: h.rank, state: h.state });
+      }
+      return body();
+    };
+    const p = this.queue.then(run, run);
+    this.queue = p.catch(() => {});
+    return p;
+  }
+
+  snapshot(): RankSnapshot[] {
+    return this.ranks.map((h) => ({ rank: h.rank, state: h.state, seq: h.seq, ...(h.error ? { error: h.error.toJSON() } : {}) }));
+  }
+
+  barrier(opts: { withCpuSync?: boolean } = {}): Promise<void> {
+    if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') return Promise.reject(invalid('withCpuSync', 'must be a boolean'));
+    return this.collective(['ready'], async () => {
+      await this.all((api) => api.barrier(opts.withCpuSync ?? false));
+    });
+  }
+
+  allGather(tensors: Tensor[]): Promise<Tensor[]> {
+    try {
+      this.checkGatherInputs('tensors', tensors, this.bufferBytes);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], () => this.all((api, r) => api.allGather(tensors[r]!)));
+  }
+
+  private checkGatherInputs(name: string, tensors: unknown, capacity: number): void {
+    const list = checkPerRank<Tensor>(name, tensors, this.size);
+    list.forEach((t, r) => checkTensor(`${name}[${r}]`, t, {}));
+    checkSameShape(name, list);
+    const bytes = numel(list[0]!.shape) * ELEMENT_BYTES[list[0]!.dtype];
+    if (bytes * this.size > capacity) throw invalid(name, `${bytes} bytes per rank need ${bytes * this.size} buffer bytes; ${capacity} are available (raise buffer.bytes)`);
+  }
+
+  dispatch(inputs: DispatchInput[]): Promise<DispatchResult[]> {
+    try {
+      const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);
+      list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.size, r, this.id));
+      this.checkHandlesAgree('inputs', list.map((d) => d.handle));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], () => this.all((api, r) => api.dispatch(inputs[r]!)));
+  }
+
+  combine(inputs: CombineInput[]): Promise<CombineResult[]> {
+    let biases: Tensor[][];
+    try {
+      const list = checkPerRank<CombineInput>('inputs', inputs, this.size);
+      biases = list.map((c, r) => checkCombineInput(`inputs[${r}]`, c, this.buffer, r, this.id));
+      this.checkHandlesAgree('inputs', list.map((c) => c.handle));
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], () => this.all((api, r) => api.combine(inputs[r]!, biases[r]!)));
+  }
+
+  /** Handles used together must come from the same dispatch, or none may be given (cached dispatch). */
+  private checkHandlesAgree(name: string, handles: Array<DispatchHandle | undefined>): void {
+    const given = handles.filter((h) => h !== undefined);
+    if (given.length === 0) return;
+    if (given.length !== handles.length) throw invalid(`${name}[${handles.findIndex((h) => h === undefined)}].handle`, 'is missing: either every rank passes a handle or none does');
+    const seq = given[0]!.seq;
+    const bad = handles.findIndex((h) => h!.seq !== seq);
+    if (bad >= 0) throw invalid(`${name}[${bad}].handle`, `comes from another dispatch (collective #${handles[bad]!.seq}, rank 0's from #${seq})`);
+  }
+
+  async openSession(opts: { maxBytes: number; maxAllGathers: number }): Promise<Session> {
+    if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
+    checkPositiveInt('maxBytes', opts.maxBytes);
+    checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
+    const perGather = Math.ceil((opts.maxBytes * this.size) / 256) * 256;
+    if (perGather * opts.maxAllGathers > this.bufferBytes)
+      throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${perGather * opts.maxAllGathers} bytes exceeds the buffer (${this.bufferBytes} bytes)`);
+    await this.collective(['ready'], async () => {
+      await this.all((api) => api.sessionOpen(opts.maxBytes, opts.maxAllGathers));
+    });
+    this.sessionOpen = true;
+    return new Session(this, opts.maxBytes, opts.maxAllGathers);
+  }
+
+  /** @internal */ sessionCollective<T>(body: (all: Group['all']) => Promise<T>): Promise<T> {
+    return this.collective(['session.open'], () => body(this.all.bind(this)));
+  }
+  /** @internal */ get sessionIsOpen(): boolean { return this.sessionOpen; }
+  /** @internal */ set sessionIsOpen(v: boolean) { this.sessionOpen = v; }
+
+  engramWrite(storages: Tensor[]): Promise<void> {
+    try {
+      const list = checkPerRank<Tensor>('storages', storages, this.size);
+      list.forEach((t, r) => checkTensor(`storages[${r}]`, t, { rank: 2 }));
+      checkSameShape('storages', list);
+      const [entries, hidden] = list[0]!.shape as [number, number];
+      const need = engramSizeHint({ entriesPerRank: entries, hidden, dtype: list[0]!.dtype });
+      const have = this.buffer.cpuBytes ?? 0;
+      if (have < entries * hidden * ELEMENT_BYTES[list[0]!.dtype])
+        throw invalid('buffer.cpuBytes', `is ${have}; this engram table needs a host segment of ${need} bytes (engramSizeHint)`);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], async () => {
+      await this.all((api, r) => api.engramWrite(storages[r]!));
+      this.engramEntries = storages[0]!.shape[0]!;
+    });
+  }
+  private engramEntries = -1;
+
+  engramFetch(indices: Int32Array[]): Promise<Tensor[]> {
+    try {
+      const list = checkPerRank<Int32Array>('indices', indices, this.size);
+      if (this.engramEntries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
+      const total = this.engramEntries * this.size;
+      list.forEach((ids, r) => {
+        checkArray(`indices[${r}]`, ids, Int32Array);
+        const bad = ids.findIndex((g) => g < 0 || g >= total);
+        if (bad >= 0) throw invalid(`indices[${r}][${bad}]`, `${ids[bad]} is outside [0, ${total})`);
+      });
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], () => this.all((api, r) => api.engramFetch(indices[r]!)));
+  }
+
+  /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
+  ppExchange(tensors: Tensor[]): Promise<Tensor[]> {
+    try {
+      this.checkGatherInputs('tensors', tensors, this.bufferBytes * this.size);
+      const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
+      if (bytes > this.bufferBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the buffer (${this.bufferBytes} bytes; see ppSizeHint)`);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], () => this.all((api, r) => api.ppExchange(tensors[r]!)));
+  }
+
+  /** Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args). */
+  run<T = unknown>(moduleUrl: string | URL, args?: unknown): Promise<T[]> {
+    if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) return Promise.reject(invalid('moduleUrl', 'must be a string or URL'));
+    const url = moduleUrl.toString();
+    return this.collective(['ready'], () => this.all((api) => api.run(url, args) as Promise<T>));
+  }
+
+  /** Driver-mode layout probes (tests): write through rank `from`'s translated pointer into `to`'s window. */
+  async writePeer(from: number, to: number, offset: number, bytes: Uint8Array): Promise<bigint> {
+    return this.call(from, () => this.members[from]!.api.writePeer(to, offset, bytes));
+  }
+  async readWindow(rank: number, offset: number, length: number): Promise<Uint8Array> {
+    return this.call(rank, () => this.members[rank]!.api.readWindow(offset, length));
+  }
+  async info(rank: number) {
+    return this.call(rank, () => this.members[rank]!.api.info());
+  }
+
+  /** @internal */
+  async terminateRank(rank: number): Promise<void> {
+    const m = this.members[rank];
+    if (!m) throw invalid('rank', `${rank} is not a rank of this group`);
+    await m.worker.terminate();
+    await m.gone.catch(() => {});
+  }
+
+  /** Every rank ends 'destroyed'; all memory, fds and workers are released. Safe to call twice. */
+  async destroy(): Promise<void> {
+    if (this.destroying) return this.destroyed;
+    this.destroying = true;
+    this.destroyed = (async () => {
+      await Promise.all(this.members.map(async (m, r) => {
+        if (!this.ranks[r]!.exited) {
+          const timer = new Promise<void>((resolve) => setTimeout(resolve, DESTROY_GRACE_MS).unref());
+          await Promise.race([this.call(r, () => m.api.destroy()).catch(() => {}), timer]);
+        }
+        m.api[Comlink.releaseProxy]();
+        await m.worker.terminate();
+        const h = this.ranks[r]!;
+        if (h.state !== 'destroyed') {
+          const from = h.state;
+          h.state = 'destroyed';
+          this.emit('transition', { rank: r, from, to: 'destroyed', event: 'TERMINATED', at: performance.timeOrigin + performance.now() });
+        }
+      }));
+    })();
+    return this.destroyed;
+  }
+  private destroyed: Promise<void> = Promise.resolve();
+}
+
+/** An AGRS session: every rank is in its `session` state until close(). */
+export class Session {
+  private closed = false;
+  constructor(private readonly group: Group, readonly maxBytes: number, readonly maxAllGathers: number) {}
+
+  allGather(tensors: Tensor[]): Promise<Tensor[]> {
+    try {
+      this.checkOpen();
+      const list = checkPerRank<Tensor>('tensors', tensors, this.group.size);
+      list.forEach((t, r) => checkTensor(`tensors[${r}]`, t, {}));
+      checkSameShape('tensors', list);
+      const bytes = numel(list[0]!.shape) * ELEMENT_BYTES[list[0]!.dtype];
+      if (bytes > this.maxBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the session's maxBytes (${this.maxBytes})`);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.group.sessionCollective((all) => all((api, r) => api.sessionAllGather(tensors[r]!)));
+  }
+
+  reduceScatter(tensors: Tensor[]): Promise<Tensor[]> {
+    const W = this.group.size;
+    try {
+      this.checkOpen();
+      const list = checkPerRank<Tensor>('tensors', tensors, W);
+      list.forEach((t, r) => {
+        checkTensor(`tensors[${r}]`, t, { dtypes: ['fp32', 'bf16'] });
+        if (t.shape.length < 1 || t.shape[0]! % W !== 0) throw invalid(`tensors[${r}].shape[0]`, `must be a multiple of the world size (${W}), got ${t.shape[0]}`);
+      });
+      checkSameShape('tensors', list);
+      const bytes = (numel(list[0]!.shape) / W) * ELEMENT_BYTES[list[0]!.dtype];
+      if (bytes > this.maxBytes) throw invalid('tensors', `${bytes} bytes per rank chunk exceed the session's maxBytes (${this.maxBytes})`);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.group.sessionCollective((all) => all((api, r) => api.sessionReduceScatter(tensors[r]!)));
+  }
+
+  async close(): Promise<void> {
+    this.checkOpen();
+    await this.group.sessionCollective(async (all) => {
+      await all((api) => api.sessionClose());
+    });
+    this.closed = true;
+    this.group.sessionIsOpen = false;
+  }
+
+  private checkOpen(): void {
+    if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
+  }
+}
+
+function checkBackendOption(b: unknown): 'auto' | Backend | undefined {
+  if (b === undefined || b === 'auto' || b === 'cuda' || b === 'host') return b;
+  throw invalid('backend', `must be 'auto', 'cuda' or 'host' (got ${String(b)})`);
+}
+
+export function createGroup(opts: GroupOptions): Promise<Group> {
+  return Group.create(opts);
+}
+
+export { sizeHint };

@@ -1,0 +1,11 @@
+// rankflow's public API (API.md): groups of ranks, host tensors, errors and size hints.
+export { createGroup, Group, RankHandle, Session } from './group.js';
+export type { GroupOptions, GroupEvents, RankSnapshot, TransitionEvent } from './group.js';
+export { RankflowError } from './errors.js';
+export type { RankflowErrorCode } from './errors.js';
+export { sizeHint, engramSizeHint, ppSizeHint } from './hints.js';
+export { tensor, toBf16, fromBf16, floatToBf16, bf16ToFloat, bytesOf, numel, ELEMENT_BYTES } from './tensor.js';
+export type { Tensor, DType, TensorData } from './tensor.js';
+export type { BufferConfig, DispatchInput, CombineInput, DispatchHandle } from './validate.js';
+export type { DispatchResult, CombineResult, RankProgramHandle } from '../workers/ops.js';
+export { probeCuda } from './backend.js';

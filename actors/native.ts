@@ -1,0 +1,109 @@
+// Loads the native addon once per thread, and says clearly what is missing when it cannot.
+import { createRequire } from 'node:module';
+import { existsSync } from 'node:fs';
+
+import { config } from './config.js';
+import { RankflowError } from './errors.js';
+
+export interface ExportedSegments { deviceFd: number; hostFd: number; pid: number }
+
+export interface NativeInfo {
+  rank: number;
+  worldSize: number;
+  backend: 'host' | 'cuda';
+  memoryKind: 'gpu' | 'elastic' | 'hybrid';
+  symmetricBytes: number;
+  workspaceBytes: number;
+  bufferBytes: number;
+  cpuBytes: number;
+  stride: number;
+  seq: number;
+  window: bigint;
+  peerWindows: bigint[];
+  domains: {
+    numNvlRanks: number; numRdmaRanks: number; nvlRankIdx: number; rdmaRankIdx: number;
+    numScaleupRanks: number; numScaleoutRanks: number; scaleupRankIdx: number; scaleoutRankIdx: number;
+    isScaleupNvlink: boolean;
+  };
+}
+
+export interface NativeContext {
+  exported(): ExportedSegments;
+  importPeers(peers: Array<{ deviceFd: number; hostFd: number }>): Promise<void>;
+  info(): NativeInfo;
+  writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
+  readWindow(offset: number, length: number): Uint8Array;
+  failPeer(rank: number): void;
+  destroy(): void;
+  barrier(cpuRound: boolean): Promise<void>;
+  allGather(bytes: Uint8Array): Promise<Uint8Array>;
+  dispatchNotify(input: NativeDispatchInput): Promise<number>;
+  dispatchWait(layoutId: number): Promise<{ numRecv: number; tokensPerExpert: number[] }>;
+  dispatchData(layoutId: number, input: NativeDispatchInput, out: NativeDispatchOutput): Promise<void>;
+  dispatchAbandon(layoutId: number): void;
+  combine(input: NativeCombineInput, out: { x: Uint16Array; topkWeights: Float32Array }): Promise<void>;
+  sessionOpen(maxBytes: number, maxAllGathers: number): Promise<void>;
+  sessionClose(): Promise<void>;
+  sessionAllGather(bytes: Uint8Array): Promise<Uint8Array>;
+  sessionReduceScatter(input: Float32Array | Uint16Array, bf16: boolean): Promise<Float32Array | Uint16Array>;
+  engramWrite(table: ArrayBufferView, entries: number, rowBytes: number): Promise<void>;
+  engramFetch(ids: Int32Array): Promise<Uint8Array>;
+  ppExchange(bytes: Uint8Array): Promise<Uint8Array>;
+}
+
+export interface NativeDispatchInput {
+  numTokens: number;
+  x: Uint8Array | Uint16Array;
+  xElemBytes: number;
+  scales?: Float32Array;
+  topkIdx?: Int32Array;
+  topkWeights?: Float32Array;
+  expertAlignment: number;
+  handle?: number;
+}
+export interface NativeDispatchOutput {
+  x: Uint8Array | Uint16Array;
+  scales?: Float32Array;
+  topkIdx: Int32Array;
+  topkWeights: Float32Array;
+  srcRank: Int32Array;
+  srcToken: Int32Array;
+}
+export interface NativeCombineInput {
+  handle: number;
+  x: Uint16Array;
+  topkWeights?: Float32Array;
+  bias0?: Uint16Array;
+  bias1?: Uint16Array;
+}
+
+export interface EpLayout {
+  workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'diag' | 'slotBytes' | 'bytes', number>;
+  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineBytes' | 'bytes', number>;
+  alignment: number;
+  sizeHint: number;
+}
+
+export interface Addon {
+  Context: new (config: Record<string, unknown>) => NativeContext;
+  layout(ep: { maxTokensPerRank: number; hidden: number; topk: number; numExperts: number; fp8Dispatch?: boolean }, worldSize: number): EpLayout;
+  encodeSignal(seq: number, count: number): bigint;
+  alignment: number;
+  cudaProbe?: () => Record<string, unknown>;
+}
+
+let addon: Addon | undefined;
+
+export function loadAddon(): Addon {
+  if (addon) return addon;
+  if (!existsSync(config.addonPath)) {
+    throw new RankflowError('BACKEND_UNAVAILABLE',
+      `the native addon is not built (looked for ${config.addonPath}): run \`npm install\` or \`npm run build\` in the rankflow package`);
+  }
+  try {
+    addon = createRequire(import.meta.url)(config.addonPath) as Addon;
+  } catch (e) {
+    throw new RankflowError('BACKEND_UNAVAILABLE', `the native addon at ${config.addonPath} failed to load: ${(e as Error).message}`, { cause: e });
+  }
+  return addon;
+}

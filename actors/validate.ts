@@ -1,0 +1,151 @@
+// Input checks of the public API. Each throws EINVAL naming the argument, before any rank moves:
+// the driver-mode group runs them for every rank first, rank programs run the per-rank ones.
+import { invalid } from './errors.js';
+import { checkArray, checkTensor, type Tensor } from './tensor.js';
+
+export interface BufferConfig {
+  maxTokensPerRank: number;
+  hidden: number;
+  topk: number;
+  numExperts: number;
+  fp8Dispatch?: boolean;
+  cpuBytes?: number;
+  hybrid?: boolean;
+  bytes?: number;
+}
+
+/** A dispatch handle: plain data naming the group, rank and routing it belongs to. */
+export interface DispatchHandle {
+  readonly group: string;
+  readonly rank: number;
+  readonly id: number;
+  /** the collective sequence number of the dispatch that made it (equal on every rank) */
+  readonly seq: number;
+  readonly numTokens: number;
+  readonly numRecv: number;
+}
+
+export interface DispatchInput {
+  x: Tensor;
+  scales?: Tensor;
+  topkIdx?: Int32Array;
+  topkWeights?: Float32Array;
+  expertAlignment?: number;
+  handle?: DispatchHandle;
+}
+
+export interface CombineInput {
+  x: Tensor;
+  handle: DispatchHandle;
+  topkWeights?: Float32Array;
+  bias?: Tensor | Tensor[];
+}
+
+const isInt = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v);
+
+export function checkPositiveInt(name: string, v: unknown, max = Number.MAX_SAFE_INTEGER): number {
+  if (!isInt(v) || v <= 0 || v > max) throw invalid(name, `must be a positive integer${max < Number.MAX_SAFE_INTEGER ? ` up to ${max}` : ''} (got ${String(v)})`);
+  return v;
+}
+
+export function checkBufferConfig(b: unknown, worldSize: number): BufferConfig {
+  if (b === null || typeof b !== 'object') throw invalid('buffer', 'must be an object { maxTokensPerRank, hidden, topk, numExperts, ... }');
+  const c = b as BufferConfig;
+  checkPositiveInt('buffer.maxTokensPerRank', c.maxTokensPerRank, 1 << 20);
+  checkPositiveInt('buffer.hidden', c.hidden, 1 << 20);
+  checkPositiveInt('buffer.topk', c.topk, 16);
+  checkPositiveInt('buffer.numExperts', c.numExperts, 1 << 16);
+  if (c.numExperts % worldSize !== 0) throw invalid('buffer.numExperts', `(${c.numExperts}) must be divisible by the world size (${worldSize}): experts are owned in contiguous blocks`);
+  if (c.topk > c.numExperts) throw invalid('buffer.topk', `(${c.topk}) exceeds numExperts (${c.numExperts})`);
+  if (c.hidden % 8 !== 0) throw invalid('buffer.hidden', `(${c.hidden}) must be a multiple of 8 (16-byte rows)`);
+  if (c.fp8Dispatch !== undefined && typeof c.fp8Dispatch !== 'boolean') throw invalid('buffer.fp8Dispatch', 'must be a boolean');
+  if (c.fp8Dispatch && c.hidden % 128 !== 0) throw invalid('buffer.hidden', `(${c.hidden}) must be a multiple of 128 for fp8 dispatch (one scale per 128 values)`);
+  if (c.cpuBytes !== undefined && (!isInt(c.cpuBytes) || c.cpuBytes < 0)) throw invalid('buffer.cpuBytes', `must be a non-negative integer (got ${String(c.cpuBytes)})`);
+  if (c.hybrid !== undefined && typeof c.hybrid !== 'boolean') throw invalid('buffer.hybrid', 'must be a boolean');
+  if (c.bytes !== undefined && (!isInt(c.bytes) || c.bytes <= 0)) throw invalid('buffer.bytes', `must be a positive integer (got ${String(c.bytes)})`);
+  return c;
+}
+
+/** Per-rank dispatch checks; returns the number of tokens. */
+export function checkDispatchInput(name: string, input: unknown, cfg: BufferConfig, worldSize: number, rank: number, groupId: string): number {
+  if (input === null || typeof input !== 'object') throw invalid(name, 'must be an object { x, topkIdx, topkWeights, ... }');
+  const d = input as DispatchInput;
+  const fp8 = (d.x as Tensor | undefined)?.dtype === 'fp8e4m3';
+  checkTensor(`${name}.x`, d.x, { dtypes: cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], rank: 2, shape: [undefined, cfg.hidden] });
+  const T = d.x.shape[0]!;
+  if (T > cfg.maxTokensPerRank) throw invalid(`${name}.x.shape[0]`, `${T} tokens exceed buffer.maxTokensPerRank (${cfg.maxTokensPerRank})`);
+  if (fp8) checkTensor(`${name}.scales`, d.scales, { dtypes: ['fp32'], shape: [T, cfg.hidden / 128] });
+  else if (d.scales !== undefined) throw invalid(`${name}.scales`, 'is only for fp8e4m3 x');
+  const K = cfg.topk;
+  if (d.expertAlignment !== undefined) checkPositiveInt(`${name}.expertAlignment`, d.expertAlignment, 1 << 16);
+  if (d.handle !== undefined) {
+    checkHandle(`${name}.handle`, d.handle, rank, groupId);
+    if (d.handle.numTokens !== T) throw invalid(`${name}.handle`, `was made for ${d.handle.numTokens} tokens, x has ${T}`);
+  }
+  if (d.topkIdx === undefined && d.handle === undefined) throw invalid(`${name}.topkIdx`, 'is required (or pass a handle of a previous dispatch)');
+  if (d.topkIdx !== undefined) {
+    checkArray(`${name}.topkIdx`, d.topkIdx, Int32Array, T * K);
+    const E = cfg.numExperts;
+    const seen = new Set<number>();
+    for (let t = 0; t < T; t++) {
+      seen.clear();
+      for (let k = 0; k < K; k++) {
+        const e = d.topkIdx[t * K + k]!;
+        if (e === -1) continue;
+        if (e < -1 || e >= E) throw invalid(`${name}.topkIdx[${t * K + k}]`, `${e} is outside [0, ${E}) and not -1`);
+        if (seen.has(e)) throw invalid(`${name}.topkIdx[${t * K + k}]`, `token ${t} lists expert ${e} twice`);
+        seen.add(e);
+      }
+    }
+  }
+  if (d.topkWeights === undefined && d.handle === undefined) throw invalid(`${name}.topkWeights`, 'is required');
+  if (d.topkWeights !== undefined) {
+    checkArray(`${name}.topkWeights`, d.topkWeights, Float32Array, T * K);
+    for (let i = 0; i < d.topkWeights.length; i++) {
+      if (!Number.isFinite(d.topkWeights[i])) throw invalid(`${name}.topkWeights[${i}]`, `is ${d.topkWeights[i]}: weights must be finite`);
+    }
+  }
+  return T;
+}
+
+export function checkHandle(name: string, h: unknown, rank: number, groupId: string): asserts h is DispatchHandle {
+  if (h === null || typeof h !== 'object' || typeof (h as DispatchHandle).id !== 'number') throw invalid(name, 'must be the handle a dispatch returned');
+  const handle = h as DispatchHandle;
+  if (handle.group !== groupId) throw invalid(name, 'belongs to another group');
+  if (handle.rank !== rank) throw invalid(name, `belongs to rank ${handle.rank}, not rank ${rank}`);
+}
+
+/** Per-rank combine checks; returns the bias tensors as a list. */
+export function checkCombineInput(name: string, input: unknown, cfg: BufferConfig, rank: number, groupId: string): Tensor[] {
+  if (input === null || typeof input !== 'object') throw invalid(name, 'must be an object { x, handle, ... }');
+  const c = input as CombineInput;
+  checkHandle(`${name}.handle`, c.handle, rank, groupId);
+  checkTensor(`${name}.x`, c.x, { dtypes: ['bf16'], rank: 2, shape: [c.handle.numRecv, cfg.hidden] });
+  if (c.topkWeights !== undefined) {
+    checkArray(`${name}.topkWeights`, c.topkWeights, Float32Array, c.handle.numRecv * cfg.topk);
+    for (let i = 0; i < c.topkWeights.length; i++) {
+      if (!Number.isFinite(c.topkWeights[i])) throw invalid(`${name}.topkWeights[${i}]`, `is ${c.topkWeights[i]}: weights must be finite`);
+    }
+  }
+  const bias = c.bias === undefined ? [] : Array.isArray(c.bias) ? c.bias : [c.bias];
+  if (bias.length > 2) throw invalid(`${name}.bias`, `takes at most 2 tensors (got ${bias.length})`);
+  bias.forEach((b, i) => checkTensor(`${name}.bias[${i}]`, b, { dtypes: ['bf16'], shape: [c.handle.numTokens, cfg.hidden], rank: 2 }));
+  return bias;
+}
+
+/** Driver mode: every rank's tensor must have the same dtype and shape. */
+export function checkSameShape(name: string, tensors: readonly Tensor[]): void {
+  const first = tensors[0]!;
+  tensors.forEach((t, r) => {
+    if (t.dtype !== first.dtype) throw invalid(`${name}[${r}].dtype`, `is ${t.dtype} but rank 0 has ${first.dtype}: all ranks must match`);
+    if (t.shape.length !== first.shape.length || t.shape.some((d, i) => d !== first.shape[i]))
+      throw invalid(`${name}[${r}].shape`, `is [${t.shape.join(', ')}] but rank 0 has [${first.shape.join(', ')}]: all ranks must match`);
+  });
+}
+
+/** Driver mode: one input per rank. */
+export function checkPerRank<T>(name: string, inputs: unknown, size: number): T[] {
+  if (!Array.isArray(inputs)) throw invalid(name, `must be an array with one entry per rank (${size})`);
+  if (inputs.length !== size) throw invalid(name, `has ${inputs.length} entries; the group has ${size} ranks`);
+  return inputs as T[];
+}

@@ -1,0 +1,386 @@
+// The rank machine: the lifecycle and the collective operations of one rank, as xstate v5 data.
+// Effects are named actors (the native phases) and actions (replies to the caller) that the rank's
+// worker provides; here they are declared with inert defaults so that the machine is testable alone.
+//
+//   init -> registerWindow -> ready -> (barrier | allGathering | dispatching | combining | session |
+//   engram | pipeline) -> ready -> destroying -> destroyed, and failed from any live state.
+//
+// Every state that waits on peers has an `after` transition into `failed`: the native waits time out
+// first with a precise error; the machine's timer is the backstop should a phase never return.
+import { assign, enqueueActions, fromPromise, setup } from 'xstate';
+
+export interface FailureInfo {
+  code: string;
+  message: string;
+  rank?: number;
+  phase?: string;
+  state?: string;
+}
+
+export type OpName =
+  | 'register' | 'barrier' | 'allGather' | 'dispatch' | 'combine' | 'sessionOpen' | 'sessionAllGather'
+  | 'sessionReduceScatter' | 'sessionClose' | 'engramWrite' | 'engramFetch' | 'ppExchange' | 'destroy';
+
+export interface RankContext {
+  rank: number;
+  cpuSeconds: number;
+  gpuSeconds: number;
+  /** id of the caller's request being served, null when idle */
+  call: number | null;
+  op: OpName | null;
+  /** collectives started so far: the same number on every rank for the same collective */
+  seq: number;
+  withCpuSync: boolean;
+  error: FailureInfo | null;
+}
+
+export interface RankInput {
+  rank: number;
+  cpuSeconds?: number;
+  gpuSeconds?: number;
+}
+
+type Call = { call: number };
+export type RankEvent =
+  | ({ type: 'REGISTER' } & Call)
+  | ({ type: 'BARRIER'; withCpuSync: boolean } & Call)
+  | ({ type: 'ALL_GATHER' } & Call)
+  | ({ type: 'DISPATCH' } & Call)
+  | ({ type: 'COMBINE' } & Call)
+  | ({ type: 'SESSION_OPEN' } & Call)
+  | ({ type: 'SESSION_ALL_GATHER' } & Call)
+  | ({ type: 'SESSION_REDUCE_SCATTER' } & Call)
+  | ({ type: 'SESSION_CLOSE' } & Call)
+  | ({ type: 'ENGRAM_WRITE' } & Call)
+  | ({ type: 'ENGRAM_FETCH' } & Call)
+  | ({ type: 'PP_EXCHANGE' } & Call)
+  | { type: 'PEER_FAILED'; error: FailureInfo }
+  | ({ type: 'DESTROY' } & Call);
+
+/** Input of every native phase actor: the request it serves. */
+export interface PhaseInput {
+  call: number;
+  op: OpName;
+}
+
+/** Seconds the machine's own timer adds to a native timeout before it declares the rank failed. */
+export const BACKSTOP_MARGIN_SECONDS = 5;
+
+const phase = fromPromise<unknown, PhaseInput>(async () => undefined);
+
+const OPS: Record<string, OpName> = {
+  BARRIER: 'barrier', ALL_GATHER: 'allGather', DISPATCH: 'dispatch', COMBINE: 'combine',
+  SESSION_OPEN: 'sessionOpen', SESSION_ALL_GATHER: 'sessionAllGather', SESSION_REDUCE_SCATTER: 'sessionReduceScatter',
+  SESSION_CLOSE: 'sessionClose', ENGRAM_WRITE: 'engramWrite', ENGRAM_FETCH: 'engramFetch', PP_EXCHANGE: 'ppExchange',
+};
+const opOf = (type: string): OpName | null => OPS[type] ?? null;
+
+const timeoutInfo = (context: RankContext, code: string, seconds: number): FailureInfo => ({
+  code,
+  message: `rank ${context.rank}: ${context.op ?? 'phase'} did not complete within ${seconds + BACKSTOP_MARGIN_SECONDS} s (machine backstop)`,
+  rank: context.rank,
+  phase: context.op ?? undefined,
+  state: context.op ?? undefined,
+});
+
+const errorInfo = (error: unknown, state: string): FailureInfo => {
+  const e = error as { code?: string; message?: string; rank?: number; phase?: string } | undefined;
+  return {
+    code: e?.code ?? 'EINVAL',
+    message: e?.message ?? String(error),
+    ...(e?.rank !== undefined ? { rank: e.rank } : {}),
+    ...(e?.phase !== undefined ? { phase: e.phase } : {}),
+    state,
+  };
+};
+
+export const rankMachine = setup({
+  types: {
+    context: {} as RankContext,
+    events: {} as RankEvent,
+    input: {} as RankInput,
+  },
+  actors: {
+    registerWindow: phase,
+    barrierDevice: phase,
+    barrierCpuSync: phase,
+    allGather: phase,
+    dispatchNotify: phase,
+    dispatchCpuSync: phase,
+    dispatchData: phase,
+    combine: phase,
+    sessionOpen: phase,
+    sessionAllGather: phase,
+    sessionReduceScatter: phase,
+    sessionClose: phase,
+    engramWrite: phase,
+    engramFetch: phase,
+    ppExchange: phase,
+    destroy: phase,
+  },
+  actions: {
+    /** The request `call` completed with `output` (the last phase's output). Provided by the worker. */
+    reply: (_, _params: { call: number; output: unknown }) => {},
+    /** The request `call` failed. Provided by the worker. */
+    replyError: (_, _params: { call: number; error: FailureInfo }) => {},
+    /** A collective starts: remember whom it serves, and count it. */
+    begin: assign(({ context, event }) => ({
+      call: 'call' in event ? event.call : null,
+      op: opOf(event.type),
+      seq: context.seq + 1,
+      withCpuSync: event.type === 'BARRIER' ? event.withCpuSync : false,
+    })),
+    /** The last phase of a collective finished: answer the caller with its output. */
+    finish: enqueueActions(({ context, event, enqueue }) => {
+      enqueue({ type: 'reply', params: { call: context.call ?? -1, output: (event as { output?: unknown }).output } } as never);
+    }),
+    /** A phase refused its input (EINVAL): answer with the error, stay usable. */
+    refuse: enqueueActions(({ context, event, enqueue }) => {
+      enqueue({ type: 'replyError', params: { call: context.call ?? -1, error: errorInfo((event as { error?: unknown }).error, context.op ?? 'ready') } } as never);
+    }),
+    /** A phase failed: keep the error; entering `failed` answers the caller with it. */
+    fail: assign({ error: ({ context, event }) => errorInfo((event as { error?: unknown }).error, context.op ?? 'unknown') }),
+    /** REGISTER and DESTROY serve a request but are not collectives: no seq. */
+    takeCall: assign(({ event }) => ({
+      call: 'call' in event ? event.call : null,
+      op: event.type === 'REGISTER' ? ('register' as const) : event.type === 'DESTROY' ? ('destroy' as const) : null,
+    })),
+    recordPeerFailure: assign(({ context, event }) => ({ error: event.type === 'PEER_FAILED' ? event.error : context.error })),
+    timeOutDevice: assign({ error: ({ context }) => timeoutInfo(context, 'TIMEOUT_GPU', context.gpuSeconds) }),
+    timeOutCpu: assign({ error: ({ context }) => timeoutInfo(context, 'TIMEOUT_CPU', context.cpuSeconds) }),
+  },
+  delays: {
+    deviceTimeout: ({ context }) => (context.gpuSeconds + BACKSTOP_MARGIN_SECONDS) * 1000,
+    cpuTimeout: ({ context }) => (context.cpuSeconds + BACKSTOP_MARGIN_SECONDS) * 1000,
+  },
+  guards: {
+    withCpuSync: ({ context }) => context.withCpuSync,
+    /** EINVAL from a phase means the request was refused before it moved anything: stay usable. */
+    refusedInput: ({ event }) => ((event as { error?: { code?: string } }).error)?.code === 'EINVAL',
+  },
+}).createMachine({
+  id: 'rank',
+  context: ({ input }) => ({
+    rank: input.rank,
+    cpuSeconds: input.cpuSeconds ?? 300,
+    gpuSeconds: input.gpuSeconds ?? 100,
+    call: null,
+    op: null,
+    seq: 0,
+    withCpuSync: false,
+    error: null,
+  }),
+  initial: 'init',
+  on: {
+    PEER_FAILED: {
+      target: '.failed',
+      actions: 'recordPeerFailure',
+    },
+  },
+  states: {
+    init: {
+      on: {
+        REGISTER: { target: 'registerWindow', actions: 'takeCall' },
+        DESTROY: { target: 'destroying', actions: 'takeCall' },
+      },
+    },
+    registerWindow: {
+      invoke: {
+        src: 'registerWindow',
+        input: ({ context }) => ({ call: context.call!, op: 'register' }),
+        onDone: { target: 'ready', actions: 'finish' },
+        onError: { target: 'failed', actions: 'fail' },
+      },
+      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+    },
+    ready: {
+      entry: assign({ call: null, op: null }),
+      on: {
+        BARRIER: { target: 'barrier', actions: 'begin' },
+        ALL_GATHER: { target: 'allGathering', actions: 'begin' },
+        DISPATCH: { target: 'dispatching', actions: 'begin' },
+        COMBINE: { target: 'combining', actions: 'begin' },
+        SESSION_OPEN: { target: 'session', actions: 'begin' },
+        ENGRAM_WRITE: { target: 'engram.writing', actions: 'begin' },
+        ENGRAM_FETCH: { target: 'engram.fetching', actions: 'begin' },
+        PP_EXCHANGE: { target: 'pipeline', actions: 'begin' },
+        DESTROY: { target: 'destroying', actions: 'takeCall' },
+      },
+    },
+    barrier: {
+      initial: 'device',
+      states: {
+        device: {
+          invoke: {
+            src: 'barrierDevice',
+            input: ({ context }) => ({ call: context.call!, op: 'barrier' }),
+            onDone: [{ target: 'cpuSync', guard: 'withCpuSync' }, { target: '#rank.ready', actions: 'finish' }],
+            onError: { target: '#rank.failed', actions: 'fail' },
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+        cpuSync: {
+          invoke: {
+            src: 'barrierCpuSync',
+            input: ({ context }) => ({ call: context.call!, op: 'barrier' }),
+            onDone: { target: '#rank.ready', actions: 'finish' },
+            onError: { target: '#rank.failed', actions: 'fail' },
+          },
+          after: { cpuTimeout: { target: '#rank.failed', actions: 'timeOutCpu' } },
+        },
+      },
+    },
+    allGathering: {
+      invoke: {
+        src: 'allGather',
+        input: ({ context }) => ({ call: context.call!, op: 'allGather' }),
+        onDone: { target: 'ready', actions: 'finish' },
+        onError: [{ target: 'ready', guard: 'refusedInput', actions: 'refuse' }, { target: 'failed', actions: 'fail' }],
+      },
+      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+    },
+    dispatching: {
+      initial: 'notify',
+      states: {
+        notify: {
+          invoke: {
+            src: 'dispatchNotify',
+            input: ({ context }) => ({ call: context.call!, op: 'dispatch' }),
+            onDone: 'cpuSync',
+            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+        // The CPU polls the counters the notify phase wrote (seed 7.3); TIMEOUT_CPU names rank and counter.
+        cpuSync: {
+          invoke: {
+            src: 'dispatchCpuSync',
+            input: ({ context }) => ({ call: context.call!, op: 'dispatch' }),
+            onDone: 'data',
+            onError: { target: '#rank.failed', actions: 'fail' },
+          },
+          after: { cpuTimeout: { target: '#rank.failed', actions: 'timeOutCpu' } },
+        },
+        data: {
+          invoke: {
+            src: 'dispatchData',
+            input: ({ context }) => ({ call: context.call!, op: 'dispatch' }),
+            onDone: { target: '#rank.ready', actions: 'finish' },
+            onError: { target: '#rank.failed', actions: 'fail' },
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+      },
+    },
+    combining: {
+      invoke: {
+        src: 'combine',
+        input: ({ context }) => ({ call: context.call!, op: 'combine' }),
+        onDone: { target: 'ready', actions: 'finish' },
+        onError: [{ target: 'ready', guard: 'refusedInput', actions: 'refuse' }, { target: 'failed', actions: 'fail' }],
+      },
+      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+    },
+    // An AGRS session (seed 9.4): the rank stays in it between collectives until it is closed.
+    session: {
+      initial: 'opening',
+      states: {
+        opening: {
+          invoke: {
+            src: 'sessionOpen',
+            input: ({ context }) => ({ call: context.call!, op: 'sessionOpen' }),
+            onDone: { target: 'open', actions: 'finish' },
+            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+        open: {
+          entry: assign({ call: null, op: null }),
+          on: {
+            SESSION_ALL_GATHER: { target: 'gathering', actions: 'begin' },
+            SESSION_REDUCE_SCATTER: { target: 'reducing', actions: 'begin' },
+            SESSION_CLOSE: { target: 'closing', actions: 'begin' },
+            DESTROY: { target: '#rank.destroying', actions: 'takeCall' },
+          },
+        },
+        gathering: {
+          invoke: {
+            src: 'sessionAllGather',
+            input: ({ context }) => ({ call: context.call!, op: 'sessionAllGather' }),
+            onDone: { target: 'open', actions: 'finish' },
+            onError: [{ target: 'open', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+        reducing: {
+          invoke: {
+            src: 'sessionReduceScatter',
+            input: ({ context }) => ({ call: context.call!, op: 'sessionReduceScatter' }),
+            onDone: { target: 'open', actions: 'finish' },
+            onError: [{ target: 'open', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+        closing: {
+          invoke: {
+            src: 'sessionClose',
+            input: ({ context }) => ({ call: context.call!, op: 'sessionClose' }),
+            onDone: { target: '#rank.ready', actions: 'finish' },
+            onError: { target: '#rank.failed', actions: 'fail' },
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+      },
+    },
+    engram: {
+      initial: 'writing',
+      states: {
+        writing: {
+          invoke: {
+            src: 'engramWrite',
+            input: ({ context }) => ({ call: context.call!, op: 'engramWrite' }),
+            onDone: { target: '#rank.ready', actions: 'finish' },
+            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+        fetching: {
+          invoke: {
+            src: 'engramFetch',
+            input: ({ context }) => ({ call: context.call!, op: 'engramFetch' }),
+            onDone: { target: '#rank.ready', actions: 'finish' },
+            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+          },
+          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+        },
+      },
+    },
+    pipeline: {
+      invoke: {
+        src: 'ppExchange',
+        input: ({ context }) => ({ call: context.call!, op: 'ppExchange' }),
+        onDone: { target: 'ready', actions: 'finish' },
+        onError: [{ target: 'ready', guard: 'refusedInput', actions: 'refuse' }, { target: 'failed', actions: 'fail' }],
+      },
+      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+    },
+    failed: {
+      // Whatever was pending is answered with the failure; later requests are answered by the worker.
+      entry: { type: 'replyError', params: ({ context }) => ({ call: context.call ?? -1, error: context.error! }) },
+      on: {
+        PEER_FAILED: {},
+        DESTROY: { target: 'destroying', actions: 'takeCall' },
+      },
+    },
+    destroying: {
+      invoke: {
+        src: 'destroy',
+        input: ({ context }) => ({ call: context.call!, op: 'destroy' }),
+        onDone: { target: 'destroyed', actions: [{ type: 'reply', params: ({ context, event }) => ({ call: context.call!, output: event.output }) }] },
+        onError: { target: 'destroyed', actions: [{ type: 'replyError', params: ({ context, event }) => ({ call: context.call!, error: errorInfo(event.error, 'destroying') }) }] },
+      },
+      on: { PEER_FAILED: {} },
+    },
+    destroyed: { type: 'final', on: { PEER_FAILED: {} } },
+  },
+});

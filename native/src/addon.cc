@@ -1,0 +1,567 @@
+// The Node-API surface of the native core: `Context` (one per rank, owned by the rank's worker
+// thread) whose operations run on the rank's executor thread and settle Promises, plus the pure
+// functions `layout()` and `sizeHint()` that expose the layouts defined in layout.hpp.
+#include <napi.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "context.hpp"
+#include "executor.hpp"
+#include "ops/ops.hpp"
+
+// Optional parts linked in when their sources are built (fd passing across processes, the CUDA backend).
+void RegisterFdPass(Napi::Env env, Napi::Object exports) __attribute__((weak));
+void RegisterCuda(Napi::Env env, Napi::Object exports) __attribute__((weak));
+
+namespace rankflow {
+namespace {
+
+Napi::Error to_js_error(Napi::Env env, const std::string& code, const std::string& message, int rank,
+                        const std::string& phase) {
+  Napi::Error e = Napi::Error::New(env, message);
+  e.Set("code", Napi::String::New(env, code));
+  if (rank >= 0) e.Set("rank", Napi::Number::New(env, rank));
+  if (!phase.empty()) e.Set("phase", Napi::String::New(env, phase));
+  return e;
+}
+
+[[noreturn]] void throw_einval(Napi::Env env, const std::string& message) {
+  throw to_js_error(env, "EINVAL", message, -1, "");
+}
+
+int64_t get_int(const Napi::Object& o, const char* key, int64_t fallback) {
+  const Napi::Value v = o.Get(key);
+  if (v.IsUndefined() || v.IsNull()) return fallback;
+  if (!v.IsNumber()) throw_einval(o.Env(), std::string(key) + " must be a number");
+  return v.As<Napi::Number>().Int64Value();
+}
+double get_double(const Napi::Object& o, const char* key, double fallback) {
+  const Napi::Value v = o.Get(key);
+  return v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : fallback;
+}
+bool get_bool(const Napi::Object& o, const char* key, bool fallback) {
+  const Napi::Value v = o.Get(key);
+  return v.IsBoolean() ? v.As<Napi::Boolean>().Value() : fallback;
+}
+
+// Data pointer of a typed array (or null for undefined/null), with its length checked in bytes.
+template <typename T>
+T* data_of(const Napi::Value& v, const char* name, int64_t expect_bytes = -1) {
+  if (v.IsUndefined() || v.IsNull()) return nullptr;
+  if (!v.IsTypedArray()) throw_einval(v.Env(), std::string(name) + " must be a typed array");
+  const auto ta = v.As<Napi::TypedArray>();
+  if (expect_bytes >= 0 && int64_t(ta.ByteLength()) != expect_bytes)
+    throw_einval(v.Env(), std::string(name) + " has " + std::to_string(ta.ByteLength()) + " bytes, expected " +
+                              std::to_string(expect_bytes));
+  return reinterpret_cast<T*>(static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+}
+
+EpConfig ep_from(const Napi::Object& o, int world) {
+  EpConfig c;
+  c.world_size = world;
+  c.max_tokens_per_rank = get_int(o, "maxTokensPerRank", 0);
+  c.hidden = get_int(o, "hidden", 0);
+  c.topk = get_int(o, "topk", 0);
+  c.num_experts = get_int(o, "numExperts", 0);
+  c.fp8 = get_bool(o, "fp8Dispatch", false);
+  return c;
+}
+
+// One asynchronous call: work on the executor, then `finish` on the JS thread. JS values the work
+// reads or writes are pinned by references until the call settles.
+struct Call;
+void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call);
+using Tsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, Call, settle>;
+
+struct Call {
+  explicit Call(Napi::Env env) : deferred(Napi::Promise::Deferred::New(env)) {}
+  Napi::Promise::Deferred deferred;
+  std::vector<Napi::Reference<Napi::Value>> keep;
+  std::function<void()> work;
+  std::function<Napi::Value(Napi::Env, Call&)> finish;
+  std::optional<Error> error;
+  Tsfn tsfn;
+};
+
+void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call) {
+  if (env != nullptr) {
+    if (call->error) {
+      call->deferred.Reject(to_js_error(env, call->error->code, call->error->what(), call->error->rank, call->error->phase).Value());
+    } else {
+      try {
+        call->deferred.Resolve(call->finish ? call->finish(env, *call) : env.Undefined());
+      } catch (const Napi::Error& e) {
+        call->deferred.Reject(e.Value());
+      }
+    }
+  } else {
+    for (auto& r : call->keep) r.SuppressDestruct();  // the environment is gone: nothing to unref
+  }
+  call->tsfn.Release();
+  delete call;
+}
+
+// Operations that produce a typed array pin it last and settle with it.
+Napi::Value resolve_with_output(Napi::Env, Call& call) { return call.keep.back().Value(); }
+
+class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "Context",
+                       {
+                           InstanceMethod<&ContextWrap::Exported>("exported"),
+                           InstanceMethod<&ContextWrap::ImportPeers>("importPeers"),
+                           InstanceMethod<&ContextWrap::Info>("info"),
+                           InstanceMethod<&ContextWrap::WritePeer>("writePeer"),
+                           InstanceMethod<&ContextWrap::ReadWindow>("readWindow"),
+                           InstanceMethod<&ContextWrap::FailPeer>("failPeer"),
+                           InstanceMethod<&ContextWrap::Destroy>("destroy"),
+                           InstanceMethod<&ContextWrap::Barrier>("barrier"),
+                           InstanceMethod<&ContextWrap::AllGather>("allGather"),
+                           InstanceMethod<&ContextWrap::DispatchNotify>("dispatchNotify"),
+                           InstanceMethod<&ContextWrap::DispatchWait>("dispatchWait"),
+                           InstanceMethod<&ContextWrap::DispatchData>("dispatchData"),
+                           InstanceMethod<&ContextWrap::DispatchAbandon>("dispatchAbandon"),
+                           InstanceMethod<&ContextWrap::Combine>("combine"),
+                           InstanceMethod<&ContextWrap::SessionOpen>("sessionOpen"),
+                           InstanceMethod<&ContextWrap::SessionClose>("sessionClose"),
+                           InstanceMethod<&ContextWrap::SessionAllGather>("sessionAllGather"),
+                           InstanceMethod<&ContextWrap::SessionReduceScatter>("sessionReduceScatter"),
+                           InstanceMethod<&ContextWrap::EngramWrite>("engramWrite"),
+                           InstanceMethod<&ContextWrap::EngramFetch>("engramFetch"),
+                           InstanceMethod<&ContextWrap::PpExchange>("ppExchange"),
+                       });
+  }
+
+  explicit ContextWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ContextWrap>(info) {
+    Napi::Env env = info.Env();
+    if (!info[0].IsObject()) throw_einval(env, "Context needs a config object");
+    const Napi::Object o = info[0].As<Napi::Object>();
+    ContextConfig cfg;
+    cfg.rank = int(get_int(o, "rank", 0));
+    cfg.world_size = int(get_int(o, "worldSize", 1));
+    cfg.ranks_per_node = int(get_int(o, "ranksPerNode", 0));
+    cfg.ep = ep_from(o, cfg.world_size);
+    cfg.num_bytes = get_int(o, "bytes", 0);
+    cfg.cpu_bytes = get_int(o, "cpuBytes", 0);
+    cfg.hybrid = get_bool(o, "hybrid", true);
+    cfg.cpu_timeout_s = get_double(o, "cpuSeconds", 300);
+    cfg.gpu_timeout_s = get_double(o, "gpuSeconds", 100);
+    try {
+      ctx_ = std::make_unique<Context>(cfg);
+    } catch (const Error& e) {
+      throw to_js_error(env, e.code, e.what(), e.rank, e.phase);
+    }
+    executor_ = std::make_unique<Executor>();
+    // A terminated worker never calls destroy(): stop the executor and unmap when its env goes away.
+    env_ = env;
+    napi_add_env_cleanup_hook(env, OnEnvCleanup, this);
+  }
+  ~ContextWrap() override {
+    if (!cleanup_ran_) napi_remove_env_cleanup_hook(env_, OnEnvCleanup, this);
+    teardown();
+  }
+
+ private:
+  void teardown() {
+    if (!ctx_) return;
+    ctx_->abort.stopping = true;
+    executor_->stop();
+    ctx_.reset();
+  }
+  Context& ctx(Napi::Env env) {
+    if (!ctx_) throw to_js_error(env, "STATE", "the rank's context is destroyed", -1, "");
+    return *ctx_;
+  }
+
+  // Schedules `work` on the executor; the returned Promise settles with `finish(env, call)`.
+  Napi::Value schedule(Napi::Env env, std::vector<Napi::Value> pinned, std::function<void()> work,
+                       std::function<Napi::Value(Napi::Env, Call&)> finish = nullptr) {
+    ctx(env);
+    auto* call = new Call(env);
+    for (const auto& v : pinned)
+      if (!v.IsUndefined() && !v.IsNull()) call->keep.push_back(Napi::Persistent(v));
+    call->work = std::move(work);
+    call->finish = std::move(finish);
+    call->tsfn = Tsfn::New(env, "rankflow-op", 0, 1);
+    Napi::Promise promise = call->deferred.Promise();
+    executor_->post([call] {
+      try {
+        call->work();
+      } catch (const Error& e) {
+        call->error = e;
+      } catch (const std::exception& e) {
+        call->error = Error("EINVAL", e.what());
+      }
+      if (call->tsfn.BlockingCall(call) != napi_ok) {
+        for (auto& r : call->keep) r.SuppressDestruct();
+        delete call;  // the environment is closing; nobody waits for this promise any more
+      }
+    });
+    return promise;
+  }
+
+  Napi::Value Exported(const Napi::CallbackInfo& info) {
+    const auto e = ctx(info.Env()).mem.exported();
+    Napi::Object o = Napi::Object::New(info.Env());
+    o.Set("deviceFd", e.device_fd);
+    o.Set("hostFd", e.host_fd);
+    o.Set("pid", Napi::Number::New(info.Env(), getpid()));
+    return o;
+  }
+
+  Napi::Value ImportPeers(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (!info[0].IsArray()) throw_einval(env, "importPeers needs an array of exported segments");
+    const auto arr = info[0].As<Napi::Array>();
+    std::vector<ExportedSegments> peers(arr.Length());
+    for (uint32_t i = 0; i < arr.Length(); ++i) {
+      const auto o = arr.Get(i).As<Napi::Object>();
+      peers[i] = {int(get_int(o, "deviceFd", -1)), int(get_int(o, "hostFd", -1))};
+    }
+    return schedule(env, {}, [&c, peers] {
+      c.mem.import_peers(peers);
+      ops::barrier(c, false);  // every window is mapped before anyone writes into one
+    });
+  }
+
+  Napi::Value Info(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    const Context& c = ctx(env);
+    Napi::Object o = Napi::Object::New(env);
+    o.Set("rank", c.rank());
+    o.Set("worldSize", c.world());
+    o.Set("backend", "host");
+    o.Set("memoryKind", memory_kind_name(c.mem.kind()));
+    o.Set("symmetricBytes", Napi::Number::New(env, double(c.sym_bytes)));
+    o.Set("workspaceBytes", Napi::Number::New(env, double(c.ws.bytes)));
+    o.Set("bufferBytes", Napi::Number::New(env, double(c.buffer_bytes())));
+    o.Set("cpuBytes", Napi::Number::New(env, double(c.cpu_bytes)));
+    o.Set("stride", Napi::Number::New(env, double(c.mem.stride())));
+    o.Set("seq", Napi::Number::New(env, c.seq));
+    o.Set("window", Napi::BigInt::New(env, uint64_t(reinterpret_cast<uintptr_t>(c.mem.window()))));
+    Napi::Array peers = Napi::Array::New(env, size_t(c.world()));
+    for (int p = 0; p < c.world(); ++p)
+      peers.Set(uint32_t(p), Napi::BigInt::New(env, uint64_t(reinterpret_cast<uintptr_t>(c.mem.peer_window(p)))));
+    o.Set("peerWindows", peers);
+    Napi::Object d = Napi::Object::New(env);
+    d.Set("numNvlRanks", c.dom.num_nvl_ranks);
+    d.Set("numRdmaRanks", c.dom.num_rdma_ranks);
+    d.Set("nvlRankIdx", c.dom.nvl_rank_idx);
+    d.Set("rdmaRankIdx", c.dom.rdma_rank_idx);
+    d.Set("numScaleupRanks", c.dom.num_scaleup_ranks);
+    d.Set("numScaleoutRanks", c.dom.num_scaleout_ranks);
+    d.Set("scaleupRankIdx", c.dom.scaleup_rank_idx);
+    d.Set("scaleoutRankIdx", c.dom.scaleout_rank_idx);
+    d.Set("isScaleupNvlink", c.dom.is_scaleup_nvlink);
+    o.Set("domains", d);
+    return o;
+  }
+
+  // Writes bytes at `offset` of `peer`'s window through this rank's translated pointer.
+  Napi::Value WritePeer(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const int peer = info[0].As<Napi::Number>().Int32Value();
+    const int64_t offset = info[1].As<Napi::Number>().Int64Value();
+    const auto bytes = info[2].As<Napi::Uint8Array>();
+    const int64_t window_bytes = c.mem.stride();
+    if (peer < 0 || peer >= c.world()) throw_einval(env, "peer out of range");
+    if (offset < 0 || offset + int64_t(bytes.ByteLength()) > window_bytes) throw_einval(env, "offset outside the window");
+    uint8_t* dst = c.mem.translate(c.mem.window() + offset, peer);
+    std::memcpy(dst, bytes.Data(), bytes.ByteLength());
+    return Napi::BigInt::New(env, uint64_t(reinterpret_cast<uintptr_t>(dst)));
+  }
+
+  Napi::Value ReadWindow(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const int64_t offset = info[0].As<Napi::Number>().Int64Value();
+    const int64_t len = info[1].As<Napi::Number>().Int64Value();
+    if (offset < 0 || len < 0 || offset + len > c.mem.stride()) throw_einval(env, "range outside the window");
+    auto out = Napi::Uint8Array::New(env, size_t(len));
+    std::memcpy(out.Data(), c.mem.window() + offset, size_t(len));
+    return out;
+  }
+
+  Napi::Value FailPeer(const Napi::CallbackInfo& info) {
+    if (ctx_) ctx_->abort.failed_rank = info[0].As<Napi::Number>().Int32Value();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Destroy(const Napi::CallbackInfo& info) {
+    teardown();
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Barrier(const Napi::CallbackInfo& info) {
+    Context& c = ctx(info.Env());
+    const bool cpu = info[0].ToBoolean().Value();
+    return schedule(info.Env(), {}, [&c, cpu] { ops::barrier(c, cpu); });
+  }
+
+  Napi::Value AllGather(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto in = info[0].As<Napi::Uint8Array>();
+    auto out = Napi::Uint8Array::New(env, in.ByteLength() * size_t(c.world()));
+    const uint8_t* src = in.Data();
+    uint8_t* dst = out.Data();
+    const int64_t n = int64_t(in.ByteLength());
+    return schedule(env, {in, out}, [&c, src, n, dst] { ops::all_gather(c, src, n, dst); },
+                    resolve_with_output);
+  }
+
+  ops::DispatchInput dispatch_input(const Napi::Object& o) {
+    const Context& c = *ctx_;
+    ops::DispatchInput in;
+    in.num_tokens = get_int(o, "numTokens", 0);
+    in.x_elem_bytes = get_int(o, "xElemBytes", 2);
+    in.expert_alignment = get_int(o, "expertAlignment", 1);
+    in.cached_handle = uint32_t(get_int(o, "handle", 0));
+    const int64_t T = in.num_tokens, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
+    in.x = data_of<uint8_t>(o.Get("x"), "x", T * H * in.x_elem_bytes);
+    in.scales = data_of<float>(o.Get("scales"), "scales", T * c.buf.scales_per_token * 4);
+    in.topk_idx = data_of<int32_t>(o.Get("topkIdx"), "topkIdx", T * K * 4);
+    in.topk_weights = data_of<float>(o.Get("topkWeights"), "topkWeights", T * K * 4);
+    if (in.topk_idx == nullptr && in.cached_handle == 0) throw_einval(o.Env(), "topkIdx is required without a handle");
+    return in;
+  }
+
+  Napi::Value DispatchNotify(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto o = info[0].As<Napi::Object>();
+    const ops::DispatchInput in = dispatch_input(o);
+    auto id = std::make_shared<uint32_t>(0);
+    return schedule(env, {o}, [&c, in, id] { *id = ops::dispatch_notify(c, in); },
+                    [id](Napi::Env e, Call&) { return Napi::Number::New(e, *id); });
+  }
+
+  Napi::Value DispatchWait(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const uint32_t id = info[0].As<Napi::Number>().Uint32Value();
+    auto counts = std::make_shared<ops::DispatchCounts>();
+    return schedule(env, {}, [&c, id, counts] { *counts = ops::dispatch_wait(c, id); },
+                    [counts](Napi::Env e, Call&) {
+                      Napi::Object o = Napi::Object::New(e);
+                      o.Set("numRecv", Napi::Number::New(e, double(counts->num_recv)));
+                      Napi::Array tpe = Napi::Array::New(e, counts->tokens_per_expert.size());
+                      for (size_t i = 0; i < counts->tokens_per_expert.size(); ++i)
+                        tpe.Set(uint32_t(i), Napi::Number::New(e, double(counts->tokens_per_expert[i])));
+                      o.Set("tokensPerExpert", tpe);
+                      return o;
+                    });
+  }
+
+  Napi::Value DispatchData(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const uint32_t id = info[0].As<Napi::Number>().Uint32Value();
+    const auto o = info[1].As<Napi::Object>();
+    const auto outs = info[2].As<Napi::Object>();
+    const ops::DispatchInput in = dispatch_input(o);
+    const auto layout = c.layout(id);
+    if (!layout) throw_einval(env, "dispatch layout is unknown");
+    const int64_t R = layout->num_recv, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
+    ops::DispatchOutput out;
+    out.x = data_of<uint8_t>(outs.Get("x"), "out.x", R * H * in.x_elem_bytes);
+    out.scales = data_of<float>(outs.Get("scales"), "out.scales", R * c.buf.scales_per_token * 4);
+    out.topk_idx = data_of<int32_t>(outs.Get("topkIdx"), "out.topkIdx", R * K * 4);
+    out.topk_weights = data_of<float>(outs.Get("topkWeights"), "out.topkWeights", R * K * 4);
+    out.src_rank = data_of<int32_t>(outs.Get("srcRank"), "out.srcRank", R * 4);
+    out.src_token = data_of<int32_t>(outs.Get("srcToken"), "out.srcToken", R * 4);
+    if (in.scales != nullptr && out.scales == nullptr) throw_einval(env, "out.scales is required for fp8 dispatch");
+    return schedule(env, {o, outs}, [&c, id, in, out] { ops::dispatch_data(c, id, in, out); });
+  }
+
+  Napi::Value DispatchAbandon(const Napi::CallbackInfo& info) {
+    if (ctx_) ops::dispatch_abandon(*ctx_, info[0].As<Napi::Number>().Uint32Value());
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Combine(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto o = info[0].As<Napi::Object>();
+    const auto outs = info[1].As<Napi::Object>();
+    ops::CombineInput in;
+    in.handle = uint32_t(get_int(o, "handle", 0));
+    const auto layout = c.layout(in.handle);
+    if (!layout || !layout->complete) throw_einval(env, "handle is unknown or expired on this rank");
+    const int64_t R = layout->num_recv, T = layout->num_tokens, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
+    in.x = data_of<uint16_t>(o.Get("x"), "x", R * H * 2);
+    in.topk_weights = data_of<float>(o.Get("topkWeights"), "topkWeights", R * K * 4);
+    in.bias[0] = data_of<uint16_t>(o.Get("bias0"), "bias[0]", T * H * 2);
+    in.bias[1] = data_of<uint16_t>(o.Get("bias1"), "bias[1]", T * H * 2);
+    auto* out_x = data_of<uint16_t>(outs.Get("x"), "out.x", T * H * 2);
+    auto* out_w = data_of<float>(outs.Get("topkWeights"), "out.topkWeights", T * K * 4);
+    return schedule(env, {o, outs}, [&c, in, out_x, out_w] { ops::combine(c, in, out_x, out_w); });
+  }
+
+  Napi::Value SessionOpen(const Napi::CallbackInfo& info) {
+    Context& c = ctx(info.Env());
+    const int64_t max_bytes = info[0].As<Napi::Number>().Int64Value();
+    const int64_t max_ag = info[1].As<Napi::Number>().Int64Value();
+    return schedule(info.Env(), {}, [&c, max_bytes, max_ag] { ops::session_open(c, max_bytes, max_ag); });
+  }
+
+  Napi::Value SessionClose(const Napi::CallbackInfo& info) {
+    Context& c = ctx(info.Env());
+    return schedule(info.Env(), {}, [&c] { ops::session_close(c); });
+  }
+
+  Napi::Value SessionAllGather(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto in = info[0].As<Napi::Uint8Array>();
+    auto out = Napi::Uint8Array::New(env, in.ByteLength() * size_t(c.world()));
+    const uint8_t* src = in.Data();
+    uint8_t* dst = out.Data();
+    const int64_t n = int64_t(in.ByteLength());
+    return schedule(env, {in, out}, [&c, src, n, dst] { ops::session_all_gather(c, src, n, dst); },
+                    resolve_with_output);
+  }
+
+  // (input typed array of W*n elements, bf16?) -> output typed array of n elements
+  Napi::Value SessionReduceScatter(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto in = info[0].As<Napi::TypedArray>();
+    const bool bf16 = info[1].ToBoolean().Value();
+    const int64_t esz = bf16 ? 2 : 4;
+    const int64_t total = int64_t(in.ByteLength()) / esz;
+    if (total % c.world() != 0) throw_einval(env, "reduceScatter input rows must be a multiple of the world size");
+    const int64_t n = total / c.world();
+    Napi::Value out = bf16 ? Napi::Value(Napi::Uint16Array::New(env, size_t(n))) : Napi::Value(Napi::Float32Array::New(env, size_t(n)));
+    const void* src = data_of<uint8_t>(in, "input");
+    void* dst = data_of<uint8_t>(out, "output");
+    return schedule(env, {in, out}, [&c, src, n, bf16, dst] { ops::session_reduce_scatter(c, src, n, bf16, dst); },
+                    resolve_with_output);
+  }
+
+  Napi::Value EngramWrite(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto table = info[0].As<Napi::TypedArray>();
+    const int64_t entries = info[1].As<Napi::Number>().Int64Value();
+    const int64_t row_bytes = info[2].As<Napi::Number>().Int64Value();
+    const uint8_t* src = data_of<uint8_t>(table, "storage", entries * row_bytes);
+    return schedule(env, {table}, [&c, src, entries, row_bytes] { ops::engram_write(c, src, entries, row_bytes); });
+  }
+
+  Napi::Value EngramFetch(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto ids = info[0].As<Napi::Int32Array>();
+    if (c.engram_entries < 0) throw to_js_error(env, "STATE", "engramFetch before engramWrite: no table is stored", -1, "");
+    auto out = Napi::Uint8Array::New(env, ids.ElementLength() * size_t(c.engram_row_bytes));
+    const int32_t* src = ids.Data();
+    uint8_t* dst = out.Data();
+    const int64_t n = int64_t(ids.ElementLength());
+    return schedule(env, {ids, out}, [&c, src, n, dst] { ops::engram_fetch(c, src, n, dst); },
+                    resolve_with_output);
+  }
+
+  Napi::Value PpExchange(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    const auto in = info[0].As<Napi::Uint8Array>();
+    auto out = Napi::Uint8Array::New(env, in.ByteLength());
+    const uint8_t* src = in.Data();
+    uint8_t* dst = out.Data();
+    const int64_t n = int64_t(in.ByteLength());
+    return schedule(env, {in, out}, [&c, src, n, dst] { ops::pp_exchange(c, src, n, dst); },
+                    resolve_with_output);
+  }
+
+  static void OnEnvCleanup(void* arg) {
+    auto* self = static_cast<ContextWrap*>(arg);
+    self->cleanup_ran_ = true;
+    self->teardown();
+  }
+
+  std::unique_ptr<Context> ctx_;
+  std::unique_ptr<Executor> executor_;
+  napi_env env_ = nullptr;
+  bool cleanup_ran_ = false;
+};
+
+Napi::Object layout_object(Napi::Env env, const EpConfig& c) {
+  const auto ws = WorkspaceLayout::make(c.world_size, int32_t(c.num_experts / c.world_size));
+  const auto b = BufferLayout::make(c);
+  Napi::Object w = Napi::Object::New(env);
+  w.Set("barrier", double(ws.barrier));
+  w.Set("cpuBarrier", double(ws.cpu_barrier));
+  w.Set("enter", double(ws.enter));
+  w.Set("done", double(ws.done));
+  w.Set("rankCount", double(ws.rank_count));
+  w.Set("expertCount", double(ws.expert_count));
+  w.Set("session", double(ws.session));
+  w.Set("diag", double(ws.diag));
+  w.Set("slotBytes", double(kSlotBytes));
+  w.Set("bytes", double(ws.bytes));
+  Napi::Object bo = Napi::Object::New(env);
+  bo.Set("slots", double(b.slots));
+  bo.Set("x", double(b.x));
+  bo.Set("scales", double(b.scales));
+  bo.Set("topkIdx", double(b.topk_idx));
+  bo.Set("topkWeights", double(b.topk_weights));
+  bo.Set("srcToken", double(b.src_token));
+  bo.Set("dispatchBytes", double(b.dispatch_bytes));
+  bo.Set("combineX", double(b.combine_x));
+  bo.Set("combineWeights", double(b.combine_weights));
+  bo.Set("combineBytes", double(b.combine_bytes));
+  bo.Set("bytes", double(b.bytes));
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("workspace", w);
+  o.Set("buffer", bo);
+  o.Set("alignment", double(kAlignment));
+  o.Set("sizeHint", double(size_hint(c)));
+  return o;
+}
+
+// layout({ maxTokensPerRank, hidden, topk, numExperts, fp8Dispatch }, worldSize)
+Napi::Value Layout(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsObject() || !info[1].IsNumber()) throw_einval(env, "layout(config, worldSize)");
+  return layout_object(env, ep_from(info[0].As<Napi::Object>(), info[1].As<Napi::Number>().Int32Value()));
+}
+
+// Encodes/decodes signals so tests check the encoding the protocol uses, not a copy of it.
+Napi::Value EncodeSignal(const Napi::CallbackInfo& info) {
+  const uint32_t seq = info[0].As<Napi::Number>().Uint32Value();
+  const int64_t count = info[1].As<Napi::Number>().Int64Value();
+  return Napi::BigInt::New(info.Env(), encode_signal(seq, count));
+}
+
+Napi::Object Init(Napi::Env env, Napi::Object exports);
+
+}  // namespace
+}  // namespace rankflow
+
+static Napi::Object InitRankflow(Napi::Env env, Napi::Object exports) { return rankflow::Init(env, exports); }
+NODE_API_MODULE(rankflow, InitRankflow)
+
+namespace rankflow {
+namespace {
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  exports.Set("Context", ContextWrap::Define(env));
+  exports.Set("layout", Napi::Function::New(env, Layout));
+  exports.Set("encodeSignal", Napi::Function::New(env, EncodeSignal));
+  exports.Set("alignment", Napi::Number::New(env, double(kAlignment)));
+  if (RegisterFdPass) RegisterFdPass(env, exports);
+  if (RegisterCuda) RegisterCuda(env, exports);
+  return exports;
+}
+
+}  // namespace
+}  // namespace rankflow

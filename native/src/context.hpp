@@ -1,0 +1,109 @@
+// A rank's view of the world (DeepEP's NCCLSymmetricMemoryContext, seed 4.2): rank, world size,
+// physical domains (NVLink ranks x RDMA ranks), logical domains (scale-up x scale-out; `hybrid`
+// switches between them), the symmetric window and its layouts, and the protocol state that lives
+// across operations (op sequence number, dispatch layouts kept for handles, the AGRS session).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "host/signals.hpp"
+#include "host/symmetric.hpp"
+#include "layout.hpp"
+
+namespace rankflow {
+
+struct ContextConfig {
+  int rank = 0;
+  int world_size = 1;
+  int ranks_per_node = 0;  // physical NVLink (scale-up) domain size; 0 = the whole world
+  EpConfig ep;
+  int64_t num_bytes = 0;   // symmetric bytes (workspace + buffer); 0 = size_hint(ep)
+  int64_t cpu_bytes = 0;   // host segment per rank
+  bool hybrid = true;
+  double cpu_timeout_s = 300;
+  double gpu_timeout_s = 100;
+};
+
+struct Domains {
+  int num_nvl_ranks, num_rdma_ranks, nvl_rank_idx, rdma_rank_idx;              // physical
+  int num_scaleup_ranks, num_scaleout_ranks, scaleup_rank_idx, scaleout_rank_idx;  // logical
+  bool is_scaleup_nvlink;
+  static Domains make(int rank, int world, int nvl_ranks, bool hybrid);
+};
+
+// The routing of one dispatch, kept for its handle: what cached dispatch and combine replay.
+struct DispatchLayout {
+  uint32_t id = 0;
+  uint32_t seq = 0;                          // the dispatch op this layout belongs to
+  int64_t num_tokens = 0;
+  int64_t expert_alignment = 1;
+  std::vector<int32_t> topk_idx;             // [T * K] global expert ids as given
+  std::vector<uint64_t> dest_mask;           // [T] bit p set when rank p receives token t
+  std::vector<int64_t> send_count;           // [W] tokens sent to rank p
+  std::vector<int64_t> recv_count;           // [W] tokens received from rank p
+  std::vector<int64_t> tokens_per_expert;    // [local experts] unaligned
+  int64_t num_recv = 0;
+  std::vector<int32_t> recv_src_rank;        // [num_recv]
+  std::vector<int32_t> recv_src_token;       // [num_recv]
+  std::vector<float> recv_topk_weights;      // [num_recv * K]
+  bool complete = false;                     // the data phase ran: the handle is usable
+};
+
+struct Session {
+  bool open = false;
+  uint32_t index = 0;          // sessions opened so far
+  int64_t max_bytes = 0;       // per rank per collective
+  int64_t max_all_gathers = 0;
+  int64_t collectives = 0;     // collectives done in this session
+  int64_t cursor = 0;          // next free byte of the session region (fresh region per collective)
+};
+
+class Context {
+ public:
+  explicit Context(const ContextConfig& cfg);
+  ~Context() { destroy(); }
+
+  ContextConfig cfg;
+  Domains dom;
+  WorkspaceLayout ws;
+  BufferLayout buf;
+  int64_t sym_bytes = 0;       // workspace + buffer
+  int64_t cpu_bytes = 0;       // aligned host segment bytes
+  HostSymmetricMemory mem;
+  AbortFlag abort;
+  uint32_t seq = 0;            // collectives done; identical on every rank
+  Session session;
+  std::map<uint32_t, std::shared_ptr<DispatchLayout>> layouts;  // live handles, bounded
+  uint32_t next_layout_id = 1;
+  int64_t engram_entries = -1, engram_row_bytes = 0;
+
+  int rank() const { return cfg.rank; }
+  int world() const { return cfg.world_size; }
+  uint32_t next_seq() { return ++seq; }
+  void destroy();
+
+  // Workspace slot addresses: mine, and the one peer p holds for me.
+  uint8_t* workspace() const { return mem.window(); }
+  uint8_t* buffer() const { return mem.window() + ws.bytes; }
+  uint8_t* peer_buffer(int p) const { return mem.peer_window(p) + ws.bytes; }
+  void* my_slot(int64_t array, int from) const { return workspace() + ws.slot(array, from); }
+  void* peer_slot(int p, int64_t array) const { return mem.peer_window(p) + ws.slot(array, rank()); }
+  int64_t buffer_bytes() const { return sym_bytes - ws.bytes; }
+
+  // Protocol steps shared by every op.
+  void signal_all(int64_t array, uint64_t value, bool include_self = false);
+  uint64_t wait_for(const void* slot, uint32_t seq, const WaitSite& site, WaitKind kind, bool exact = false) const;
+  void wait_all(int64_t array, uint32_t seq, Phase phase, const char* name, WaitKind kind = WaitKind::Device) const;
+  void announce(uint32_t s) { signal_all(ws.enter, encode_signal(s, 0)); }
+  void wait_entered(int p, uint32_t s) const;
+
+  std::shared_ptr<DispatchLayout> layout(uint32_t id) const;
+  std::shared_ptr<DispatchLayout> add_layout();
+  static constexpr size_t kMaxLiveHandles = 256;
+};
+
+}  // namespace rankflow

@@ -1,0 +1,31 @@
+// The one error type of the native core. `code` is one of rankflow's public error codes
+// (EINVAL, TIMEOUT_CPU, TIMEOUT_GPU, RANK_FAILED, BACKEND_UNAVAILABLE, STATE); the TypeScript layer
+// turns it into a RankflowError with the same code, rank and message.
+#pragma once
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace rankflow {
+
+struct Error : std::runtime_error {
+  std::string code;
+  int rank;      // the rank the error is about (the failed peer, the waiting rank), -1 if none
+  std::string phase;
+  Error(std::string code, const std::string& message, int rank = -1, std::string phase = {})
+      : std::runtime_error(message), code(std::move(code)), rank(rank), phase(std::move(phase)) {}
+};
+
+// Host checks with the condition and a message that says what to do (DeepEP's EP_HOST_ASSERT).
+#define RF_CHECK(cond, code, msg)                                        \
+  do {                                                                   \
+    if (!(cond)) throw ::rankflow::Error((code), std::string(msg));      \
+  } while (0)
+
+inline Error sys_error(const std::string& call) {
+  return Error("EINVAL", call + " failed: " + std::strerror(errno));
+}
+
+}  // namespace rankflow
