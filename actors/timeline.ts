@@ -187,9 +187,7 @@ export class TimelineRecorder implements GroupObserver {
     /** A copy of what was recorded so far. */
     recording(): TimelineRecording {
         const recording: TimelineRecording = {
-            size: this.size,
-            startedAt: this.startedAt,
-            initial: [...this.initial].sort(([a], [b]) => a - b).map(([rank, state]) => ({ rank, state })),
+            ...this.head(),
             transitions: [],
             failures: []
         };
@@ -199,6 +197,15 @@ export class TimelineRecorder implements GroupObserver {
         }
         if (this.endedAt !== undefined) recording.endedAt = this.endedAt;
         return recording;
+    }
+
+    /** The recording without its entries: cheap, for a stream's header. */
+    head(): Pick<TimelineRecording, 'size' | 'startedAt' | 'initial'> {
+        return {
+            size: this.size,
+            startedAt: this.startedAt,
+            initial: [...this.initial].sort(([a], [b]) => a - b).map(([rank, state]) => ({ rank, state }))
+        };
     }
 
     /** The entries kept, in arrival order; not copied, so read them only. */
