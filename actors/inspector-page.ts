@@ -143,7 +143,7 @@ function makeCard(rank) {
   failureEl.hidden = true;
   card.appendChild(failureEl);
   return { rank: rank, el: card, stateEl: stateEl, machineEl: machineEl, failureEl: failureEl,
-           boxes: {}, state: '', visited: {} };
+           boxes: {}, state: '', visited: {}, failedPhase: '', failure: null };
 }
 
 function paint(card) {
@@ -227,15 +227,30 @@ function onTransition(t) {
   var failed = topOf(t.to) === 'failed';
   log('+' + ms(t.at - run.startedAt) + '  rank ' + t.rank + '  ' + t.from + ' \\u2192 ' + t.to + '  ' + t.event + what +
       (t.phase ? '  phase ' + t.phase : ''), failed);
-  if (failed) showFailure(t.rank, 'failed in ' + (t.phase || t.from) + ' (' + t.event + ')', /TIMEOUT/i.test(t.event));
+  if (failed) {
+    // The phase comes with the transition; the group's failed event, which may come before or
+    // after it, brings the code and message. The card shows both, whichever order they arrive in.
+    cards[t.rank].failedPhase = t.phase || t.from;
+    var report = cards[t.rank].failure;
+    if (report) describeFailure(t.rank, report);
+    else showFailure(t.rank, 'failed in ' + cards[t.rank].failedPhase + ' (' + t.event + ')', /TIMEOUT/i.test(t.event));
+  }
   scheduleTimeline();
 }
 
+function phaseOf(f) {
+  var card = cards[f.rank];
+  return f.phase || (card && card.failedPhase) || f.state || (card && card.state) || 'unknown';
+}
+
+function describeFailure(rank, f) {
+  showFailure(rank, f.code + ' in ' + phaseOf(f) + ': ' + f.message, /TIMEOUT/i.test(f.code));
+}
+
 function onFailure(f) {
-  var phase = f.phase || f.state || (cards[f.rank] && cards[f.rank].state) || 'unknown';
-  var timeout = /TIMEOUT/i.test(f.code);
-  showFailure(f.rank, f.code + ' in ' + phase + ': ' + f.message, timeout);
-  log('+' + ms(f.at - run.startedAt) + '  rank ' + f.rank + '  ' + f.code + ' in ' + phase + ': ' + f.message, true);
+  if (cards[f.rank]) cards[f.rank].failure = f;
+  describeFailure(f.rank, f);
+  log('+' + ms(f.at - run.startedAt) + '  rank ' + f.rank + '  ' + f.code + ' in ' + phaseOf(f) + ': ' + f.message, true);
   scheduleTimeline();
 }
 

@@ -65,6 +65,13 @@ const HEARTBEAT_MS = 15_000;
 
 const EMPTY_MACHINE: MachineDescription = { states: [], transitions: [] };
 
+/** Three lanes of bars, in the timeline's colours. */
+const FAVICON =
+    '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16">' +
+    '<rect x="1" y="2" width="6" height="3" fill="#a78bfa"/><rect x="7" y="2" width="8" height="3" fill="#4ade80"/>' +
+    '<rect x="1" y="7" width="9" height="3" fill="#fb923c"/><rect x="10" y="7" width="5" height="3" fill="#4ade80"/>' +
+    '<rect x="1" y="12" width="4" height="3" fill="#60a5fa"/><rect x="5" y="12" width="10" height="3" fill="#818cf8"/></svg>';
+
 /**
  * Starts an inspector server and attaches `group` to it: `createGroup({ inspect: url })` and
  * `rankflow inspect` both come down to this.
@@ -177,6 +184,8 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
             replyJson(response, { size: hello().size, backend: group?.backend, attached: group !== undefined, ranks });
         },
         '/machine': (_request, response) => replyJson(response, machine),
+        // Browsers ask for it unprompted; an answer keeps their consoles free of 404s.
+        '/favicon.ico': (_request, response) => reply(response, 200, 'image/svg+xml', FAVICON),
         '/recording': (_request, response) => replyJson(response, recorder.recording()),
         '/timeline.svg': (_request, response, query) => {
             const requested = Number(query.get('width'));
