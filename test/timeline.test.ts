@@ -3,6 +3,9 @@
  * renderTimelineSvg draws from a recorded run (lanes, bars, collective guides, failure marks,
  * axis, legend), checked as elements and attributes rather than pixels.
  */
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { describe, expect, test } from 'vitest';
 import {
     TimelineRecorder,
@@ -16,6 +19,13 @@ import { RUN_START, recordedRun } from './fixtures/recorded-run.js';
 import { parseSvg, textOf, withAttr, type SvgNode } from './fixtures/svg-tree.js';
 
 const SAMPLE_TITLE = 'rankflow timeline: a recorded 4-rank run (test fixture)';
+
+/** The repository root (the folder with package.json), also when this runs compiled from dist/test. */
+function repoRoot(): string {
+    let dir = dirname(fileURLToPath(import.meta.url));
+    while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir);
+    return dir;
+}
 
 function lanesOf(svg: string): SvgNode[] {
     return withAttr(parseSvg(svg), 'data-lane');
@@ -144,7 +154,7 @@ describe('renderTimelineSvg', () => {
         const again = renderTimelineSvg(JSON.parse(JSON.stringify(recordedRun)) as TimelineRecording, { title: SAMPLE_TITLE });
         expect(again).toBe(svg);
         // docs/timeline-sample.svg is this drawing; `vitest -u` refreshes it after a deliberate change.
-        await expect(svg).toMatchFileSnapshot('../docs/timeline-sample.svg');
+        await expect(svg).toMatchFileSnapshot(join(repoRoot(), 'docs', 'timeline-sample.svg'));
     });
 });
 
