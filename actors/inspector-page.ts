@@ -227,7 +227,7 @@ function onTransition(t) {
   var failed = topOf(t.to) === 'failed';
   log('+' + ms(t.at - run.startedAt) + '  rank ' + t.rank + '  ' + t.from + ' \\u2192 ' + t.to + '  ' + t.event + what +
       (t.phase ? '  phase ' + t.phase : ''), failed);
-  if (failed) {
+  if (failed && cards[t.rank]) {
     // The phase comes with the transition; the group's failed event, which may come before or
     // after it, brings the code and message. The card shows both, whichever order they arrive in.
     cards[t.rank].failedPhase = t.phase || t.from;

@@ -149,7 +149,7 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
         for (const response of streams) write(response);
     };
 
-    const openStream = (request: IncomingMessage, response: ServerResponse) => {
+    const openStream = (_request: IncomingMessage, response: ServerResponse) => {
         response.writeHead(200, {
             'Content-Type': 'text/event-stream; charset=utf-8',
             'Cache-Control': 'no-store, no-transform',
@@ -166,7 +166,8 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
         streams.add(response);
         const heartbeat = setInterval(() => response.write(': keep-alive\n\n'), HEARTBEAT_MS);
         heartbeat.unref();
-        request.on('close', () => {
+        // The response's close, not the request's: it is what fires when the page goes away.
+        response.on('close', () => {
             clearInterval(heartbeat);
             streams.delete(response);
         });
