@@ -1,0 +1,270 @@
+/**
+ * The timeline: what TimelineRecorder keeps of a group's events, and the structure of the SVG
+ * renderTimelineSvg draws from a recorded run (lanes, bars, collective guides, failure marks,
+ * axis, legend), checked as elements and attributes rather than pixels.
+ */
+import { existsSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { describe, expect, test } from 'vitest';
+import {
+    TimelineRecorder,
+    axisTicks,
+    layoutTimeline,
+    renderTimelineSvg,
+    type TimelineRecording
+} from '../actors/timeline.js';
+import { FakeGroup } from './fixtures/fake-group.js';
+import { RUN_START, recordedRun } from './fixtures/recorded-run.js';
+import { parseSvg, textOf, withAttr, type SvgNode } from './fixtures/svg-tree.js';
+
+const SAMPLE_TITLE = 'rankflow timeline: a recorded 4-rank run (test fixture)';
+
+/** The repository root (the folder with package.json), also when this runs compiled from dist/test. */
+function repoRoot(): string {
+    let dir = dirname(fileURLToPath(import.meta.url));
+    while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir);
+    return dir;
+}
+
+function lanesOf(svg: string): SvgNode[] {
+    return withAttr(parseSvg(svg), 'data-lane');
+}
+
+function barsOf(lane: SvgNode): SvgNode[] {
+    return withAttr(lane, 'data-state');
+}
+
+describe('renderTimelineSvg', () => {
+    const svg = renderTimelineSvg(recordedRun, { title: SAMPLE_TITLE });
+
+    test('draws one lane per rank, in rank order', () => {
+        expect(lanesOf(svg).map((lane) => lane.attrs['data-lane'])).toEqual(['0', '1', '2', '3']);
+        expect(lanesOf(svg).map((lane) => textOf(lane.children[0]!))).toEqual(['rank 0', 'rank 1', 'rank 2', 'rank 3']);
+    });
+
+    test('draws a bar per state a rank was in, in the order it was in them', () => {
+        const rank0 = barsOf(lanesOf(svg)[0]!).map((bar) => bar.attrs['data-state']);
+        expect(rank0).toEqual([
+            'init', 'registerWindow', 'ready',
+            'barrier', 'ready', 'allGathering', 'ready', 'dispatching', 'ready', 'combining', 'ready',
+            'session.opening', 'session.open', 'session.gathering', 'session.open',
+            'session.reducing', 'session.open', 'session.closing', 'ready',
+            'dispatching', 'failed', 'destroying', 'destroyed'
+        ]);
+        // Every lane: the initial state, then one bar per transition the rank made.
+        for (const lane of lanesOf(svg)) {
+            const rank = Number(lane.attrs['data-lane']);
+            const own = recordedRun.transitions.filter((t) => t.rank === rank);
+            expect(barsOf(lane).map((bar) => bar.attrs['data-state'])).toEqual(['init', ...own.map((t) => t.to)]);
+        }
+    });
+
+    test('gives each bar its start and duration in ms; the last one stays open to the end', () => {
+        const bars = barsOf(lanesOf(svg)[0]!);
+        const first = recordedRun.transitions.filter((t) => t.rank === 0);
+        expect(bars[0]!.attrs).toMatchObject({ 'data-state': 'init', 'data-start': '0', 'data-duration': '3' });
+        expect(bars[1]!.attrs).toMatchObject({ 'data-state': 'registerWindow', 'data-start': '3', 'data-duration': '38' });
+        const last = bars[bars.length - 1]!;
+        expect(last.attrs['data-state']).toBe('destroyed');
+        expect('data-open' in last.attrs).toBe(true);
+        expect(Number(last.attrs['data-duration'])).toBeCloseTo(recordedRun.endedAt! - first[first.length - 1]!.at, 2);
+        expect(bars.filter((bar) => 'data-open' in bar.attrs)).toHaveLength(1);
+        expect(textOf(bars[1]!)).toContain('rank 0 · registerWindow · 38 ms');
+    });
+
+    test('lines up each collective across the ranks that took part, in order', () => {
+        const guides = withAttr(parseSvg(svg), 'data-collective');
+        expect(guides.map((g) => g.attrs['data-collective'])).toEqual([
+            'barrier#1', 'allGather#2', 'dispatch#3', 'combine#4',
+            'openSession#5', 'allGather#6', 'reduceScatter#7', 'closeSession#8', 'dispatch#9'
+        ]);
+        expect(guides.every((g) => g.attrs['data-ranks'] === '4')).toBe(true);
+
+        // dispatch #3: rank 3 came in 6.5 ms after rank 0, so its guide bends toward rank 3's lane.
+        const dispatch3 = guides[2]!;
+        const path = dispatch3.children.find((c) => c.tag === 'path')!.attrs.d!;
+        const xs = [...path.matchAll(/[ML]([\d.]+) /g)].map((m) => Number(m[1]));
+        expect(Math.max(...xs) - Math.min(...xs)).toBeGreaterThan(10);
+        expect(textOf(dispatch3)).toContain('dispatch #3');
+    });
+
+    test('marks every failure and timeout with its rank and phase', () => {
+        const marks = withAttr(parseSvg(svg), 'data-failure');
+        expect(
+            marks.map((m) => [m.attrs['data-failure'], m.attrs['data-failed-rank'], m.attrs['data-code'], m.attrs['data-phase']])
+        ).toEqual([
+            ['timeout', '2', 'TIMEOUT_GPU', 'dispatch.recv'],
+            ['error', '0', 'RANK_FAILED', 'dispatch'],
+            ['error', '1', 'RANK_FAILED', 'dispatch'],
+            ['error', '3', 'RANK_FAILED', 'dispatch']
+        ]);
+        expect(textOf(marks[0]!)).toContain('rank 2 · TIMEOUT_GPU in dispatch.recv');
+        expect(textOf(marks[0]!)).toContain('no tokens from rank 3 within 100 s');
+    });
+
+    test('marks a rank that entered failed without reporting it', () => {
+        const recording: TimelineRecording = {
+            size: 2,
+            startedAt: RUN_START,
+            initial: [{ rank: 0, state: 'ready' }, { rank: 1, state: 'ready' }],
+            transitions: [{ rank: 1, from: 'barrier', to: 'failed', event: 'TIMEOUT_CPU', at: RUN_START + 5, phase: 'barrier.wait' }],
+            failures: []
+        };
+        const marks = withAttr(parseSvg(renderTimelineSvg(recording)), 'data-failure');
+        expect(marks).toHaveLength(1);
+        expect(marks[0]!.attrs).toMatchObject({ 'data-failure': 'timeout', 'data-failed-rank': '1', 'data-phase': 'barrier.wait' });
+    });
+
+    test('has a time axis in ms', () => {
+        const ticks = withAttr(parseSvg(svg), 'data-tick');
+        expect(ticks.map((t) => t.attrs['data-tick'])).toEqual(['0', '50', '100', '150', '200', '250', '300']);
+        expect(ticks.map(textOf)).toEqual(['0 ms', '50 ms', '100 ms', '150 ms', '200 ms', '250 ms', '300 ms']);
+    });
+
+    test('has a legend of the states drawn, in lifecycle order, then the marks used', () => {
+        const items = withAttr(parseSvg(svg), 'data-legend-item').map((item) => item.attrs['data-legend-item']);
+        expect(items).toEqual([
+            'init', 'registerWindow', 'ready', 'barrier', 'allGathering', 'dispatching', 'combining', 'session',
+            'destroying', 'destroyed', 'failed', 'collective', 'failure', 'timeout'
+        ]);
+    });
+
+    test('is a standalone document that refers to nothing outside itself', () => {
+        const root = parseSvg(svg);
+        expect(root.children.map((c) => c.tag)).toEqual(['svg']);
+        expect(root.children[0]!.attrs.xmlns).toBe('http://www.w3.org/2000/svg');
+        expect(svg.replace('http://www.w3.org/2000/svg', '')).not.toMatch(/href|url\(|https?:|<image|<script|<foreignObject/i);
+    });
+
+    test('escapes names it did not choose', () => {
+        const recording: TimelineRecording = {
+            size: 1,
+            startedAt: RUN_START,
+            initial: [{ rank: 0, state: 'ready' }],
+            transitions: [{ rank: 0, from: 'ready', to: 'odd<&>"state', event: 'E', at: RUN_START + 10, op: 'x<y', seq: 1 }],
+            failures: []
+        };
+        const tree = parseSvg(renderTimelineSvg(recording));
+        expect(withAttr(tree, 'data-state').map((b) => b.attrs['data-state'])).toEqual(['ready', 'odd<&>"state']);
+        expect(withAttr(tree, 'data-collective')[0]!.attrs['data-collective']).toBe('x<y#1');
+    });
+
+    test('gives the same bytes for the same run, also after a JSON round trip', async () => {
+        const again = renderTimelineSvg(JSON.parse(JSON.stringify(recordedRun)) as TimelineRecording, { title: SAMPLE_TITLE });
+        expect(again).toBe(svg);
+        // docs/timeline-sample.svg is this drawing; `vitest -u` refreshes it after a deliberate change.
+        await expect(svg).toMatchFileSnapshot(join(repoRoot(), 'docs', 'timeline-sample.svg'));
+    });
+});
+
+describe('layoutTimeline', () => {
+    test('an empty recording still lays out its lanes', () => {
+        const layout = layoutTimeline({ size: 2, startedAt: RUN_START, initial: [], transitions: [], failures: [] });
+        expect(layout.lanes).toEqual([{ rank: 0, bars: [] }, { rank: 1, bars: [] }]);
+        expect(layout.duration).toBe(0);
+        expect(() => parseSvg(renderTimelineSvg({ size: 2, startedAt: RUN_START, initial: [], transitions: [], failures: [] }))).not.toThrow();
+    });
+
+    test('axis ticks step by 1, 2 or 5 times a power of ten', () => {
+        expect(axisTicks(0)).toEqual([0]);
+        expect(axisTicks(9)).toEqual([0, 2, 4, 6, 8]);
+        expect(axisTicks(0.3)).toEqual([0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]);
+        expect(axisTicks(12_000)).toEqual([0, 2000, 4000, 6000, 8000, 10000, 12000]);
+    });
+});
+
+describe('TimelineRecorder', () => {
+    test('records transitions from attach on, with the states the ranks had then', () => {
+        const group = new FakeGroup(2);
+        const recorder = new TimelineRecorder();
+        recorder.attach(group);
+        group.move(0, 'registerWindow', 'xstate.done.actor.init');
+        group.move(1, 'registerWindow', 'xstate.done.actor.init');
+        group.move(0, 'ready', 'xstate.done.actor.registerWindow');
+
+        const recording = recorder.recording();
+        expect(recording.size).toBe(2);
+        expect(recording.initial).toEqual([{ rank: 0, state: 'init' }, { rank: 1, state: 'init' }]);
+        expect(recording.transitions.map((t) => [t.rank, t.from, t.to])).toEqual([
+            [0, 'init', 'registerWindow'],
+            [1, 'init', 'registerWindow'],
+            [0, 'registerWindow', 'ready']
+        ]);
+        expect(recording.endedAt).toBeUndefined();
+    });
+
+    test('keeps op, seq and phase, and nothing the group did not send', () => {
+        const group = new FakeGroup(1, 'ready');
+        const recorder = new TimelineRecorder();
+        recorder.attach(group);
+        group.move(0, 'barrier', 'BARRIER', { op: 'barrier', seq: 4 });
+        group.move(0, 'failed', 'TIMEOUT_CPU', { op: 'barrier', seq: 4, phase: 'barrier.wait' });
+        const [enter, fail] = recorder.recording().transitions;
+        expect(Object.keys(enter!).sort()).toEqual(['at', 'event', 'from', 'op', 'rank', 'seq', 'to']);
+        expect(fail).toMatchObject({ op: 'barrier', seq: 4, phase: 'barrier.wait' });
+    });
+
+    test('stamps failures with the time they were reported', () => {
+        const group = new FakeGroup(2, 'ready');
+        const recorder = new TimelineRecorder();
+        recorder.attach(group);
+        const before = performance.timeOrigin + performance.now();
+        group.fail(1, { code: 'RANK_FAILED', message: 'worker exited', rank: 1, state: 'dispatching' });
+        const [failure] = recorder.recording().failures;
+        expect(failure).toMatchObject({ rank: 1, code: 'RANK_FAILED', message: 'worker exited', state: 'dispatching' });
+        expect(failure!.at).toBeGreaterThanOrEqual(before);
+    });
+
+    test('stops at detach, and says when', () => {
+        const group = new FakeGroup(1);
+        const recorder = new TimelineRecorder();
+        const detach = recorder.attach(group);
+        group.move(0, 'registerWindow', 'E');
+        detach();
+        group.move(0, 'ready', 'E');
+        expect(recorder.recording().transitions).toHaveLength(1);
+        expect(recorder.recording().endedAt).toBeGreaterThan(0);
+        expect(recorder.isRecording).toBe(false);
+        expect(group.listenerCount('transition')).toBe(0);
+        expect(group.listenerCount('failed')).toBe(0);
+    });
+
+    test('refuses a second group while recording one', () => {
+        const recorder = new TimelineRecorder();
+        recorder.attach(new FakeGroup(1));
+        expect(() => recorder.attach(new FakeGroup(1))).toThrow(/already recording/);
+    });
+
+    test('past maxEntries keeps the latest window, folding older ones into the initial states', () => {
+        const group = new FakeGroup(2);
+        const recorder = new TimelineRecorder({ maxEntries: 4 });
+        recorder.attach(group);
+        const states = ['registerWindow', 'ready', 'barrier', 'ready', 'allGathering', 'ready'];
+        for (const state of states) group.moveAll(state, 'E');
+
+        const recording = recorder.recording();
+        expect(recording.transitions.length).toBeGreaterThanOrEqual(4);
+        expect(recording.transitions.length).toBeLessThanOrEqual(5);
+        // Replaying the kept window from the folded initial states ends where the ranks are.
+        const end = new Map(recording.initial.map(({ rank, state }) => [rank, state]));
+        for (const t of recording.transitions) {
+            expect(t.from).toBe(end.get(t.rank));
+            end.set(t.rank, t.to);
+        }
+        expect([...end.values()]).toEqual(['ready', 'ready']);
+    });
+
+    test('draws what it recorded', () => {
+        const group = new FakeGroup(2);
+        const recorder = new TimelineRecorder();
+        recorder.attach(group);
+        group.moveAll('registerWindow', 'E');
+        group.moveAll('ready', 'E');
+        const lanes = lanesOf(recorder.toSvg());
+        expect(lanes.map((lane) => barsOf(lane).map((bar) => bar.attrs['data-state']))).toEqual([
+            ['init', 'registerWindow', 'ready'],
+            ['init', 'registerWindow', 'ready']
+        ]);
+    });
+});
