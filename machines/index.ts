@@ -1,5 +1,4 @@
 // The machines of rankflow (pure xstate definitions, no native code).
 export { rankMachine, BACKSTOP_MARGIN_SECONDS } from './rank.js';
 export type { RankContext, RankEvent, RankInput, FailureInfo, OpName, PhaseInput } from './rank.js';
-export { describeMachine, statePath } from './describe.js';
-export type { MachineDescription } from './describe.js';
+export { statePath } from './state-path.js';
