@@ -6,6 +6,8 @@
 // never signals, the other's barrier writes its Diagnostic and traps (a trap poisons the context,
 // hence the separate process). Prints one PASS/FAIL line per step; exit status 0 only if all pass.
 //   build: native/test/build.sh      run: build/cuda-test/cuda_smoke
+#include <setjmp.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -120,6 +122,34 @@ void run_ranks(const char* step, Rendezvous& rv, const std::function<void(int)>&
   for (std::thread& t : threads) t.join();
 }
 
+// A CPU load through a cuMem mapping that the driver accepted but the platform cannot serve faults;
+// that must fail the step, not end the smoke run.
+thread_local sigjmp_buf* t_fault_jump = nullptr;
+void on_fault(int sig) {
+  if (t_fault_jump != nullptr) siglongjmp(*t_fault_jump, sig);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+// Reads two bytes through `p` with the CPU; false if that faulted.
+bool cpu_read(const volatile uint8_t* p, int64_t bytes, uint8_t* first, uint8_t* last) {
+  sigjmp_buf jump;
+  struct sigaction sa = {}, old_segv = {}, old_bus = {};
+  sa.sa_handler = on_fault;
+  sigaction(SIGSEGV, &sa, &old_segv);
+  sigaction(SIGBUS, &sa, &old_bus);
+  bool ok = false;
+  if (sigsetjmp(jump, 1) == 0) {
+    t_fault_jump = &jump;
+    *first = p[0];
+    *last = p[bytes - 1];
+    ok = true;
+  }
+  t_fault_jump = nullptr;
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  sigaction(SIGBUS, &old_bus, nullptr);
+  return ok;
+}
+
 uint8_t pattern(int rank, int64_t i, int iter) { return uint8_t(i * 131 + rank * 17 + iter * 29 + 1); }
 
 // Device scratch owned by one rank: freed on scope exit.
@@ -206,8 +236,11 @@ void run_world(MemoryKind kind, bool with_nccl) {
             break;
           }
         if (mem.host_cpu_access()) {
-          const uint8_t* cpu = reinterpret_cast<const uint8_t*>(mem.host_segment(p));
-          if (cpu[0] != uint8_t(0x40 + p) || cpu[host_bytes - 1] != uint8_t(0x40 + p)) {
+          uint8_t first = 0, last = 0;
+          if (!cpu_read(reinterpret_cast<const volatile uint8_t*>(mem.host_segment(p)), host_bytes, &first, &last)) {
+            ok = false;
+            why = "CPU read of rank " + std::to_string(p) + "'s host segment faulted though access was granted";
+          } else if (first != uint8_t(0x40 + p) || last != uint8_t(0x40 + p)) {
             ok = false;
             why = "CPU read of rank " + std::to_string(p) + "'s host segment differs";
           }
