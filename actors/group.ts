@@ -7,7 +7,9 @@ import { EventEmitter } from 'eventemitter3';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
-import { config } from './config.js';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
 import { resolveBackend, type Backend } from './backend.js';
@@ -57,7 +59,8 @@ export interface GroupEvents {
   inspect: (record: Record<string, unknown>) => void;
 }
 
-const WORKER_URL = new URL('../workers/rank.js', import.meta.url);
+// Always the built worker: tests run the TypeScript sources, but a worker thread needs JavaScript.
+const WORKER_URL = pathToFileURL(path.join(PACKAGE_ROOT, 'dist', 'workers', 'rank.js'));
 const DESTROY_GRACE_MS = 5000;
 
 /** A rank as the main thread sees it: plain data kept current by the rank's transitions. */
