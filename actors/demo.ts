@@ -11,10 +11,10 @@ export interface DemoOptions {
   out?: (line: string) => void;
 }
 
-const DEMO_USAGE = `usage: rankflow demo [--ranks N] [--backend auto|host|cuda] [--tokens N] [--hidden N] [--quiet] [--timeline out.svg]`;
+const DEMO_USAGE = `usage: rankflow demo [--ranks N] [--backend auto|host|cuda] [--tokens N] [--hidden N] [--rounds N] [--quiet] [--timeline out.svg]`;
 
-function parse(argv: string[]): { ranks: number; backend: 'auto' | 'host' | 'cuda'; tokens: number; hidden: number; quiet: boolean } {
-  const o = { ranks: 4, backend: 'auto' as 'auto' | 'host' | 'cuda', tokens: 256, hidden: 1024, quiet: false };
+function parse(argv: string[]): { ranks: number; backend: 'auto' | 'host' | 'cuda'; tokens: number; hidden: number; rounds: number; quiet: boolean } {
+  const o = { ranks: 4, backend: 'auto' as 'auto' | 'host' | 'cuda', tokens: 256, hidden: 1024, rounds: 100, quiet: false };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const value = (): string => {
@@ -26,6 +26,7 @@ function parse(argv: string[]): { ranks: number; backend: 'auto' | 'host' | 'cud
     else if (a === '--backend') o.backend = value() as typeof o.backend;
     else if (a === '--tokens') o.tokens = Number(value());
     else if (a === '--hidden') o.hidden = Number(value());
+    else if (a === '--rounds') o.rounds = Number(value());
     else if (a === '--quiet') o.quiet = true;
     else throw new RankflowError('EINVAL', `unknown option ${a}\n${DEMO_USAGE}`);
   }
@@ -37,6 +38,7 @@ const us = (ms: number): string => `${(ms * 1000).toFixed(1)} µs`;
 export async function runDemo(opts: DemoOptions): Promise<void> {
   const out = opts.out ?? ((line: string) => process.stdout.write(`${line}\n`));
   const o = parse(opts.argv);
+  if (!Number.isInteger(o.rounds) || o.rounds < 1) throw new RankflowError('EINVAL', `--rounds must be a positive integer (got ${o.rounds})`);
   const topk = 8, numExperts = 8 * o.ranks;
   const t0 = performance.now();
   const group = await createGroup({
@@ -51,9 +53,9 @@ export async function runDemo(opts: DemoOptions): Promise<void> {
   out(`group of ${group.size} ranks on '${group.backend}' ready in ${created.toFixed(1)} ms`);
   try {
     const b0 = performance.now();
-    const rounds = 100;
+    const rounds = o.rounds;
     const quiet = o.quiet;
-    o.quiet = true;  // 100 barriers would print 400 lines
+    o.quiet = true;  // a line per rank per barrier would drown the rest
     for (let i = 0; i < rounds; i++) await group.barrier();
     const barrier = (performance.now() - b0) / rounds;
     o.quiet = quiet;
