@@ -69,6 +69,8 @@ const FIRST_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 1000;
 // How long close() waits for the peer to see our goodbye before destroying the socket.
 const CLOSE_GRACE_MS = 1000;
+// How long a failed leader keeps telling latecomers why (see lead()).
+const VERDICT_LINGER_MS = 5000;
 // TCP keepalive notices a peer host that vanished without closing (no FIN, no RST).
 const KEEPALIVE_MS = 1000;
 
@@ -171,6 +173,11 @@ async function lead(
     let failure: { code: RankflowErrorCode; message: string; rank?: number } | undefined;
 
     const missing = (): Range[] => gaps([...arrived.values()], self.worldSize);
+    // For reports: processes that came and left (gave up first, crashed) did arrive; naming them
+    // missing would blame the wrong ranks when everyone's timeouts expire at nearly the same time.
+    const departedOnly = (): Array<{ hello: Hello; reason: string }> =>
+      [...departed.values()].filter((d) => ![...arrived.values()].some((h) => overlaps(rangeOf(h), rangeOf(d.hello))));
+    const neverArrived = (): Range[] => gaps([...arrived.values(), ...departedOnly().map((d) => d.hello)], self.worldSize);
     const broadcast = (m: Message): void => {
       for (const ch of arrived.keys()) if (ch !== 'self') ch.send(m);
     };
@@ -181,11 +188,10 @@ async function lead(
       clearTimeout(timer);
       const m: Message = { t: 'error', code, message, rank };
       for (const ch of arrived.keys()) if (ch !== 'self') ch.end(m);
-      // Keep answering latecomers with the verdict until the deadline, so every process fails
-      // with the same error instead of timing out; unref'd so it never holds the process.
-      server.unref();
-      const linger = setTimeout(() => closeServer(), Math.max(0, deadline - Date.now()));
-      linger.unref();
+      // Keep answering latecomers with the verdict for a while, so processes started a little
+      // later fail with the same error instead of timing out. This holds the process up to
+      // VERDICT_LINGER_MS after the rejection (never past the deadline): bounded, and worth it.
+      setTimeout(() => closeServer(), Math.max(0, Math.min(deadline - Date.now(), VERDICT_LINGER_MS)));
       reject(new RankflowError(code, message, rank === undefined ? undefined : { rank }));
     };
     const closeServer = (): void => {
@@ -194,8 +200,8 @@ async function lead(
     };
 
     const timer = setTimeout(() => {
-      const gone = [...departed.values()].filter((d) => ![...arrived.values()].some((h) => overlaps(rangeOf(h), rangeOf(d.hello))));
-      const never = gaps([...arrived.values(), ...gone.map((d) => d.hello)], self.worldSize);
+      const gone = departedOnly();
+      const never = neverArrived();
       const parts = [`worldSize ${self.worldSize}`, `present: ${[...arrived.values()].map(who).join(', ')}`];
       if (gone.length > 0) parts.push(`left before the table: ${gone.map((d) => `${who(d.hello)}, ${d.reason}`).join('; ')}`);
       const first = never[0]?.[0] ?? gone[0]?.hello.rankOffset;
@@ -231,9 +237,13 @@ async function lead(
       }
       strangers.delete(ch);
       arrived.set(ch, h);
+      maybeFinish();
+    };
+
+    const maybeFinish = (): void => {
       const m = missing();
       if (m.length > 0) {
-        broadcast({ t: 'status', missing: m });
+        broadcast({ t: 'status', missing: neverArrived() });
         return;
       }
       // Everyone is here: send the table, stop listening, keep the connections.
@@ -245,6 +255,8 @@ async function lead(
       const channels = entries.map(([ch]) => (ch === 'self' ? undefined : ch));
       resolve(new LeaderSession(peers, channels, timeoutMs, where));
     };
+    // A world of one process (localRanks == worldSize) is complete before anyone connects.
+    maybeFinish();
 
     server.on('connection', (socket) => {
       const ch = new Channel(socket);
@@ -269,7 +281,7 @@ async function lead(
           const h = arrived.get(ch);
           if (h === undefined || !arrived.delete(ch)) return;
           if (!departed.has(ch)) departed.set(ch, { hello: h, reason });
-          if (!failure) broadcast({ t: 'status', missing: missing() });
+          if (!failure) broadcast({ t: 'status', missing: neverArrived() });
         },
       );
     });
@@ -306,7 +318,9 @@ async function follow(
   }
   const detail =
     lastMissing !== undefined
-      ? `the leader reached, but ${describeMissing(lastMissing)} had not arrived`
+      ? lastMissing.length > 0
+        ? `the leader reached, but ${describeMissing(lastMissing)} had not arrived`
+        : 'the leader reached; every process had arrived, but some left before the table'
       : `could not reach the leader (rank 0) after ${attempts} attempts, last: ${lastError || 'none'}`;
   throw new RankflowError('TIMEOUT_CPU', `${where}: no table after ${timeoutMs} ms: ${detail}`, {
     rank: lastMissing?.[0]?.[0] ?? 0,
@@ -343,7 +357,11 @@ function tryOnce(
       ch.send({ t: 'bye' });
       settle({ kind: 'retry', reason: 'deadline reached' });
     }, Math.max(0, deadline - Date.now()));
-    socket.once('connect', () => ch.send(self));
+    let connected = false;
+    socket.once('connect', () => {
+      connected = true;
+      ch.send(self);
+    });
     ch.listen(
       (m) => {
         if (m.t === 'status') onStatus(m.missing);
@@ -359,7 +377,7 @@ function tryOnce(
         }
       },
       (reason) =>
-        settle({ kind: 'retry', reason: socket.connecting ? reason : `leader closed the connection before the table (${reason})` }),
+        settle({ kind: 'retry', reason: !connected ? reason : `leader closed the connection before the table (${reason})` }),
     );
   });
 }
