@@ -160,17 +160,23 @@ pid_t check_peer_uid(int fd, const std::string& what) {
   return cred.pid;
 }
 
-void send_exact(int fd, const void* data, size_t size, const std::string& what) {
+// Sends all of `data`; returns 0 or the errno of the failed send.
+int try_send_exact(int fd, const void* data, size_t size) {
   const char* p = static_cast<const char*>(data);
   while (size > 0) {
     const ssize_t r = ::send(fd, p, size, MSG_NOSIGNAL);
     if (r < 0) {
       if (errno == EINTR) continue;
-      sys_fail(what, "send", errno);
+      return errno;
     }
     p += r;
     size -= size_t(r);
   }
+  return 0;
+}
+
+void send_exact(int fd, const void* data, size_t size, const std::string& what) {
+  if (const int err = try_send_exact(fd, data, size)) sys_fail(what, "send", err);
 }
 
 // Reads exactly `size` plain bytes (no fds may ride on them) before the deadline.
@@ -194,14 +200,22 @@ void recv_exact(int fd, void* data, size_t size, int64_t deadline, const std::st
   }
 }
 
-void send_fds(int sock, const std::vector<int>& fds, int64_t deadline, const std::string& what) {
+// A client gone mid-send is not a server failure: say so in the words the ack path uses.
+[[noreturn]] void client_send_fail(pid_t pid, const std::string& what, const std::string& call, int err) {
+  if (err == EPIPE || err == ECONNRESET)
+    throw FdPassError("EINVAL", "client pid " + std::to_string(pid) + " closed the connection before acknowledging (" +
+                                    call + ": " + std::strerror(err) + ")");
+  sys_fail(what, call + " to client pid " + std::to_string(pid), err);
+}
+
+void send_fds(int sock, pid_t pid, const std::vector<int>& fds, int64_t deadline, const std::string& what) {
   // Bound a send to a client that stopped reading; the data is tiny, so this never fires normally.
   const int64_t left = std::max<int64_t>(deadline - now_ms(), 1);
   timeval tv{time_t(left / 1000), suseconds_t((left % 1000) * 1000)};
   if (::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) sys_fail(what, "setsockopt(SO_SNDTIMEO)", errno);
 
   const Header h{kMagic, kVersion, uint32_t(fds.size()), uint32_t(kMaxFdsPerMessage)};
-  send_exact(sock, &h, sizeof(h), what);
+  if (const int err = try_send_exact(sock, &h, sizeof(h))) client_send_fail(pid, what, "send", err);
   for (size_t i = 0; i < fds.size(); i += kMaxFdsPerMessage) {
     const uint32_t n = uint32_t(std::min<size_t>(kMaxFdsPerMessage, fds.size() - i));
     uint32_t body = n;
@@ -220,9 +234,12 @@ void send_fds(int sock, const std::vector<int>& fds, int64_t deadline, const std
     ssize_t r;
     do r = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
     while (r < 0 && errno == EINTR);
-    if (r < 0) sys_fail(what, "sendmsg(SCM_RIGHTS, " + std::to_string(n) + " fds)", errno);
+    if (r < 0) client_send_fail(pid, what, "sendmsg(SCM_RIGHTS, " + std::to_string(n) + " fds)", errno);
     // The fds travel with the first byte; the rest of a short write is plain data.
-    if (size_t(r) < sizeof(body)) send_exact(sock, reinterpret_cast<char*>(&body) + r, sizeof(body) - size_t(r), what);
+    if (size_t(r) < sizeof(body)) {
+      if (const int err = try_send_exact(sock, reinterpret_cast<char*>(&body) + r, sizeof(body) - size_t(r)))
+        client_send_fail(pid, what, "send", err);
+    }
   }
 }
 
@@ -300,8 +317,10 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         still.push_back(std::move(pending[i]));
       } else {
+        // A client that closes with fds still queued resets the connection instead of a clean EOF.
+        const bool closed = n == 0 || (n < 0 && errno == ECONNRESET);
         last_client_error = "client pid " + std::to_string(pending[i].pid) +
-                            (n == 0   ? std::string(" closed the connection before acknowledging")
+                            (closed  ? std::string(" closed the connection before acknowledging")
                              : n < 0 ? std::string(": recv failed: ") + std::strerror(errno)
                                      : std::string(" sent a bad acknowledgement"));
       }
@@ -320,7 +339,7 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
         // A failing client is reported in the end, not fatal: others may still come and be served.
         try {
           const pid_t pid = check_peer_uid(client.get(), what);
-          send_fds(client.get(), fds, deadline, what);
+          send_fds(client.get(), pid, fds, deadline, what);
           pending.push_back({std::move(client), pid});
         } catch (const FdPassError& e) {
           last_client_error = e.what();
