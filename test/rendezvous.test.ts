@@ -116,9 +116,10 @@ describe('rendezvous', () => {
       expect(e.code).toBe('TIMEOUT_CPU');
       expect(e.message).toContain('ranks [2, 4)');
       expect(e.rank).toBe(2);
-      expect(e.elapsedMs).toBeGreaterThanOrEqual(timeoutMs - 50);
       expect(e.elapsedMs).toBeLessThan(timeoutMs + 500);
     }
+    // The leader waits its full timeout; a follower may hear the leader's verdict a bit before its own.
+    expect(errors[0]!.elapsedMs).toBeGreaterThanOrEqual(timeoutMs - 20);
     expect(errors[0]!.message).toMatch(/after 1500 ms ranks \[2, 4\) never arrived/);
     // Failed processes exit by themselves: no socket or timer of the rendezvous is left behind.
     expect(await Promise.all(cs.map((c) => c.exited))).toEqual([0, 0, 0]);
