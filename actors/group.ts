@@ -19,6 +19,8 @@ import {
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './validate.js';
 import { engramSizeHint, sizeHint } from './hints.js';
+import { checkWorld, joinWorld, type WorldOptions } from './world.js';
+import type { Rendezvous } from './rendezvous.js';
 import { rankMachine, type FailureInfo } from '../machines/index.js';
 import { describeMachine } from './machine-graph.js';
 import { attachInspector, inspectorAddress, type InspectorHandle } from './inspector.js';
@@ -42,6 +44,8 @@ export interface GroupOptions {
    * A loopback URL ('http://127.0.0.1:PORT'): serve the live inspector page there for this group.
    */
   inspect?: ((record: Record<string, unknown>) => void) | string;
+  /** This process hosts `ranks` of a world spread over several processes (API.md). */
+  world?: WorldOptions;
   /** Watchers attached before the ranks start (a TimelineRecorder, an inspector server), so they see every transition. */
   observers?: GroupObserver[];
 }
@@ -96,14 +100,24 @@ export class Group extends EventEmitter<GroupEvents> {
   /** @internal */ detachers: Array<() => void> = [];
   /** @internal */ inspector?: InspectorHandle;
 
+  /** ranks in the whole world (equals `size` unless the group spans processes) */
+  readonly worldSize: number;
+  /** global id of this process's first rank */
+  readonly rankOffset: number;
+  private rv?: Rendezvous;
+
   private constructor(
+    /** ranks hosted by this process: driver-mode collectives take one input per local rank */
     readonly size: number,
     readonly backend: Backend,
     readonly buffer: BufferConfig,
     private readonly opts: GroupOptions,
+    private readonly world?: WorldOptions,
   ) {
     super();
-    this.ranks = Array.from({ length: size }, (_, r) => new RankHandle(r, this));
+    this.worldSize = world?.size ?? size;
+    this.rankOffset = world?.rankOffset ?? 0;
+    this.ranks = Array.from({ length: size }, (_, r) => new RankHandle(this.rankOffset + r, this));
   }
 
   /** @internal use createGroup() */
@@ -112,10 +126,12 @@ export class Group extends EventEmitter<GroupEvents> {
     const backend = checkBackendOption(opts.backend);
     const size = opts.ranks ?? config.hostRanks;
     checkPositiveInt('ranks', size, 64);
-    const buffer = checkBufferConfig(opts.buffer, size);
-    const ranksPerNode = opts.ranksPerNode ?? size;
-    checkPositiveInt('ranksPerNode', ranksPerNode, size);
-    if (size % ranksPerNode !== 0) throw invalid('ranksPerNode', `(${ranksPerNode}) must divide ranks (${size})`);
+    const world = opts.world !== undefined ? checkWorld(opts.world, size) : undefined;
+    const worldSize = world?.size ?? size;
+    const buffer = checkBufferConfig(opts.buffer, worldSize);
+    const ranksPerNode = opts.ranksPerNode ?? worldSize;
+    checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);
+    if (worldSize % ranksPerNode !== 0) throw invalid('ranksPerNode', `(${ranksPerNode}) must divide the world size (${worldSize})`);
     const cpuSeconds = opts.timeouts?.cpuSeconds ?? config.cpuSeconds;
     const gpuSeconds = opts.timeouts?.gpuSeconds ?? config.gpuSeconds;
     if (!(cpuSeconds > 0)) throw invalid('timeouts.cpuSeconds', `must be a positive number (got ${cpuSeconds})`);
@@ -125,13 +141,13 @@ export class Group extends EventEmitter<GroupEvents> {
     const inspectAt = typeof opts.inspect === 'string' ? inspectorAddress(opts.inspect) : undefined;
     if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
       throw invalid('observers', 'must be an array of objects with attach(group)');
-    const layout = loadAddon().layout(buffer, size);
+    const layout = loadAddon().layout(buffer, worldSize);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
     const resolved = resolveBackend(backend);
     if (resolved === 'cuda') throw new RankflowError('BACKEND_UNAVAILABLE', "backend 'cuda': group creation on GPUs is not in this build yet");
 
-    const group = new Group(size, resolved, buffer, opts);
+    const group = new Group(size, resolved, buffer, opts, world);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
     for (const o of opts.observers ?? []) group.detachers.push(o.attach(group));
     try {
@@ -150,20 +166,39 @@ export class Group extends EventEmitter<GroupEvents> {
   private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number }): Promise<void> {
     for (let r = 0; r < this.size; r++) {
       const init: RankInit = {
-        rank: r, worldSize: this.size, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
+        rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
       };
       this.members.push(this.spawn(r, init));
     }
     const exported = await Promise.all(this.members.map((m, r) => this.call(r, () => m.api.exported())));
     this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
-    const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
-    await this.all((api) => api.register(peers));
+    if (!this.world) {
+      const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
+      await this.all((api) => api.register(peers));
+      return;
+    }
+    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode }), t.cpuSeconds * 1000);
+    this.rv = joined.rv;
+    joined.rv.onPeerLost((lost) => {
+      for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {
+        const error = new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
+        this.emit('failed', { rank: g, error });
+        const info: FailureInfo = { code: 'RANK_FAILED', message: error.message, rank: g };
+        this.members.forEach((m, r) => { if (!this.ranks[r]!.exited) void m.api.peerFailed(g, info).catch(() => {}); });
+      }
+    });
+    try {
+      await this.all((api) => api.register(joined.peers));
+    } finally {
+      loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)
+    }
   }
 
-  private spawn(rank: number, init: RankInit): Member {
+  private spawn(local: number, init: RankInit): Member {
     const worker = new Worker(WORKER_URL, { workerData: init });
-    const handle = this.ranks[rank]!;
+    const handle = this.ranks[local]!;
+    const rank = handle.rank;
     worker.on('message', (m: unknown) => {
       if (!isWorkerMessage(m)) return;
       if (m.kind === 'transition') this.onTransition(m.transition);
@@ -174,7 +209,7 @@ export class Group extends EventEmitter<GroupEvents> {
         if (handle.exited) return;
         handle.exited = true;
         const error = new RankflowError('RANK_FAILED', `rank ${rank} ${why}`, { rank, state: handle.state });
-        if (!this.destroying && handle.state !== 'destroyed') this.markFailed(rank, error);
+        if (!this.destroying && handle.state !== 'destroyed') this.markFailed(local, error);
         reject(error);
       };
       worker.on('error', (e) => onGone(`crashed: ${e.message}`));
@@ -185,28 +220,29 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   private onTransition(t: TransitionEvent): void {
-    const handle = this.ranks[t.rank]!;
+    const handle = this.ranks[t.rank - this.rankOffset]!;
     handle.state = t.to;
     if (t.seq !== undefined) handle.seq = t.seq;
     this.emit('transition', t);
     if (t.to === 'failed' && t.error) {
       const error = new RankflowError(t.error.code as never, t.error.message, { rank: t.error.rank ?? t.rank, state: t.from, phase: t.error.phase });
-      this.markFailed(t.rank, error, t.error.code !== 'RANK_FAILED');
+      this.markFailed(t.rank - this.rankOffset, error, t.error.code !== 'RANK_FAILED');
     }
   }
 
-  /** Records a rank's failure once, tells the group, and fails its peers fast when it is the origin. */
-  private markFailed(rank: number, error: RankflowError, origin = true): void {
-    const handle = this.ranks[rank]!;
+  /** Records a local rank's failure once, tells the group, and fails its peers fast when it is the origin. */
+  private markFailed(local: number, error: RankflowError, origin = true): void {
+    const handle = this.ranks[local]!;
     if (handle.error) return;
     handle.error = error;
     if (handle.exited) handle.state = 'failed';
+    const rank = handle.rank;
     this.emit('failed', { rank, error });
     if (!origin || this.destroying) return;
     const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
     this.members.forEach((m, r) => {
       const peer = this.ranks[r]!;
-      if (r !== rank && !peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(rank, info).catch(() => {});
+      if (r !== local && !peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(rank, info).catch(() => {});
     });
   }
 
@@ -265,13 +301,13 @@ export class Group extends EventEmitter<GroupEvents> {
     list.forEach((t, r) => checkTensor(`${name}[${r}]`, t, {}));
     checkSameShape(name, list);
     const bytes = numel(list[0]!.shape) * ELEMENT_BYTES[list[0]!.dtype];
-    if (bytes * this.size > capacity) throw invalid(name, `${bytes} bytes per rank need ${bytes * this.size} buffer bytes; ${capacity} are available (raise buffer.bytes)`);
+    if (bytes * this.worldSize > capacity) throw invalid(name, `${bytes} bytes per rank need ${bytes * this.worldSize} buffer bytes; ${capacity} are available (raise buffer.bytes)`);
   }
 
   dispatch(inputs: DispatchInput[]): Promise<DispatchResult[]> {
     try {
       const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);
-      list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.size, r, this.id));
+      list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id));
       this.checkHandlesAgree('inputs', list.map((d) => d.handle));
     } catch (e) {
       return Promise.reject(e);
@@ -283,7 +319,7 @@ export class Group extends EventEmitter<GroupEvents> {
     let biases: Tensor[][];
     try {
       const list = checkPerRank<CombineInput>('inputs', inputs, this.size);
-      biases = list.map((c, r) => checkCombineInput(`inputs[${r}]`, c, this.buffer, r, this.id));
+      biases = list.map((c, r) => checkCombineInput(`inputs[${r}]`, c, this.buffer, this.rankOffset + r, this.id));
       this.checkHandlesAgree('inputs', list.map((c) => c.handle));
     } catch (e) {
       return Promise.reject(e);
@@ -305,7 +341,7 @@ export class Group extends EventEmitter<GroupEvents> {
     if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
     checkPositiveInt('maxBytes', opts.maxBytes);
     checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
-    const perGather = Math.ceil((opts.maxBytes * this.size) / 256) * 256;
+    const perGather = Math.ceil((opts.maxBytes * this.worldSize) / 256) * 256;
     if (perGather * opts.maxAllGathers > this.bufferBytes)
       throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${perGather * opts.maxAllGathers} bytes exceeds the buffer (${this.bufferBytes} bytes)`);
     await this.collective(['ready'], async () => {
@@ -345,7 +381,7 @@ export class Group extends EventEmitter<GroupEvents> {
     try {
       const list = checkPerRank<Int32Array>('indices', indices, this.size);
       if (this.engramEntries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
-      const total = this.engramEntries * this.size;
+      const total = this.engramEntries * this.worldSize;
       list.forEach((ids, r) => {
         checkArray(`indices[${r}]`, ids, Int32Array);
         const bad = ids.findIndex((g) => g < 0 || g >= total);
@@ -360,7 +396,7 @@ export class Group extends EventEmitter<GroupEvents> {
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
   ppExchange(tensors: Tensor[]): Promise<Tensor[]> {
     try {
-      this.checkGatherInputs('tensors', tensors, this.bufferBytes * this.size);
+      this.checkGatherInputs('tensors', tensors, this.bufferBytes * this.worldSize);
       const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
       if (bytes > this.bufferBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the buffer (${this.bufferBytes} bytes; see ppSizeHint)`);
     } catch (e) {
@@ -416,6 +452,7 @@ export class Group extends EventEmitter<GroupEvents> {
       }));
       for (const detach of this.detachers.splice(0)) detach();
       await this.inspector?.close();
+      await this.rv?.close();
     })();
     return this.destroyed;
   }
@@ -442,10 +479,10 @@ export class Session {
   }
 
   reduceScatter(tensors: Tensor[]): Promise<Tensor[]> {
-    const W = this.group.size;
+    const W = this.group.worldSize;
     try {
       this.checkOpen();
-      const list = checkPerRank<Tensor>('tensors', tensors, W);
+      const list = checkPerRank<Tensor>('tensors', tensors, this.group.size);
       list.forEach((t, r) => {
         checkTensor(`tensors[${r}]`, t, { dtypes: ['fp32', 'bf16'] });
         if (t.shape.length < 1 || t.shape[0]! % W !== 0) throw invalid(`tensors[${r}].shape[0]`, `must be a multiple of the world size (${W}), got ${t.shape[0]}`);

@@ -90,6 +90,10 @@ export interface Addon {
   encodeSignal(seq: number, count: number): bigint;
   alignment: number;
   cudaProbe?: () => Record<string, unknown>;
+  /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace). */
+  fdServe(socketPath: string, fds: number[], expectedClients: number, timeoutMs: number): Promise<void>;
+  fdFetch(socketPath: string, timeoutMs: number): Promise<number[]>;
+  closeFds(fds: number[]): void;
 }
 
 let addon: Addon | undefined;

@@ -535,6 +535,13 @@ Napi::Value Layout(const Napi::CallbackInfo& info) {
   return layout_object(env, ep_from(info[0].As<Napi::Object>(), info[1].As<Napi::Number>().Int32Value()));
 }
 
+// Closes fds received from other processes once every local rank has mapped them.
+Napi::Value CloseFds(const Napi::CallbackInfo& info) {
+  const auto arr = info[0].As<Napi::Array>();
+  for (uint32_t i = 0; i < arr.Length(); ++i) close(arr.Get(i).As<Napi::Number>().Int32Value());
+  return info.Env().Undefined();
+}
+
 // Encodes/decodes signals so tests check the encoding the protocol uses, not a copy of it.
 Napi::Value EncodeSignal(const Napi::CallbackInfo& info) {
   const uint32_t seq = info[0].As<Napi::Number>().Uint32Value();
@@ -557,6 +564,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("Context", ContextWrap::Define(env));
   exports.Set("layout", Napi::Function::New(env, Layout));
   exports.Set("encodeSignal", Napi::Function::New(env, EncodeSignal));
+  exports.Set("closeFds", Napi::Function::New(env, CloseFds));
   exports.Set("alignment", Napi::Number::New(env, double(kAlignment)));
   if (RegisterFdPass) RegisterFdPass(env, exports);
   if (RegisterCuda) RegisterCuda(env, exports);

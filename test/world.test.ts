@@ -1,0 +1,96 @@
+// A host group spread over processes (API.md "More than one process"): processes meet at a TCP
+// rendezvous, pass their ranks' memory fds over Unix sockets, and run every collective together.
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { ensureCompiled, forkFixture, freePort, killAll, type Child } from './helpers/children.js';
+import { bf16ToFloat, floatToBf16 } from '../actors/index.js';
+
+const children: Child[] = [];
+afterEach(() => killAll(children));
+
+async function world(layout: number[], cpuBytes = 0): Promise<Child[]> {
+  ensureCompiled('dist/actors/world.js', ['actors/world.ts', 'actors/group.ts']);
+  const url = `tcp://127.0.0.1:${await freePort()}`;
+  const worldSize = layout.reduce((a, b) => a + b, 0);
+  let offset = 0;
+  const procs = layout.map((ranks) => {
+    const c = forkFixture('world-child', { url, worldSize, rankOffset: offset, ranks, cpuBytes });
+    offset += ranks;
+    return c;
+  });
+  children.push(...procs);
+  return procs;
+}
+
+describe.each([[[2, 2]], [[1, 1, 1, 1]], [[1, 3]]])('a world of processes hosting %j ranks', (layout) => {
+  it('forms one group whose collectives span every process', async () => {
+    const procs = await world(layout, 2 * 1024 * 1024);
+    const W = layout.reduce((a, b) => a + b, 0);
+    const ready = await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+    ready.forEach((m, i) => {
+      expect(m.size).toBe(layout[i]);
+      expect(m.worldSize).toBe(W);
+      expect(m.states).toEqual(Array(layout[i]).fill('ready'));
+    });
+    expect(ready.flatMap((m) => m.globals as number[])).toEqual(Array.from({ length: W }, (_, g) => g));
+
+    const gathered = await Promise.all(procs.map((c) => c.next('allGather', 30_000)));
+    const expected = Array.from({ length: W }, (_, g) => [g, g * 10]).flat();
+    for (const m of gathered) for (const d of m.data as number[][]) expect(d).toEqual(expected);
+
+    // Receive order: by source rank, then source token; rank r owns experts [r*8/W, (r+1)*8/W).
+    const dispatched = (await Promise.all(procs.map((c) => c.next('dispatch', 30_000)))).flatMap((m) => m.recv as Array<{ srcRank: number[]; srcToken: number[] }>);
+    const T = 5, epr = 8 / W;
+    dispatched.forEach((recv, r) => {
+      const want: Array<[number, number]> = [];
+      for (let g = 0; g < W; g++) for (let t = 0; t < T; t++) {
+        const experts = [(g + t) % 8, (g + t + 3) % 8];
+        if (experts.some((e) => Math.floor(e / epr) === r)) want.push([g, t]);
+      }
+      expect(recv.srcRank).toEqual(want.map(([g]) => g));
+      expect(recv.srcToken).toEqual(want.map(([, t]) => t));
+    });
+
+    // combine returns the sum over the ranks that received the token of its own row: x * (#dest ranks).
+    const combined = (await Promise.all(procs.map((c) => c.next('combine', 30_000)))).flatMap((m) => m.x as number[][]);
+    combined.forEach((firstColumn, g) => {
+      firstColumn.forEach((bits, t) => {
+        const dests = new Set([(g + t) % 8, (g + t + 3) % 8].map((e) => Math.floor(e / epr))).size;
+        const row = bf16ToFloat(floatToBf16(g * 100 + t));  // x went out as bf16
+        expect(bits).toBe(floatToBf16(Math.fround(row * dests)));
+      });
+    });
+
+    const engram = (await Promise.all(procs.map((c) => c.next('engram', 30_000)))).flatMap((m) => m.rows as number[][]);
+    for (const rows of engram) {
+      const want = Array.from({ length: W * 4 }, (_, i) => W * 4 - 1 - i).flatMap((id) => [Math.floor(id / 4) * 1000 + (id % 4) * 2, Math.floor(id / 4) * 1000 + (id % 4) * 2 + 1]);
+      expect(rows).toEqual(want);
+    }
+    const done = await Promise.all(procs.map((c) => c.next('done', 30_000)));
+    done.forEach((m, i) => expect(m.states).toEqual(Array(layout[i]).fill('destroyed')));
+    expect(await Promise.all(procs.map((c) => c.exited))).toEqual(procs.map(() => 0));
+  });
+});
+
+describe('a world that does not add up', () => {
+  it('fails every process with EINVAL when their buffers differ', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const a = forkFixture('world-child', { url, worldSize: 2, rankOffset: 0, ranks: 1, cpuBytes: 0 });
+    const b = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, cpuBytes: 2 * 1024 * 1024 });
+    children.push(a, b);
+    const errors = await Promise.all([a.next('error', 30_000), b.next('error', 30_000)]);
+    for (const e of errors) expect(e).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^buffer: differs between processes/) });
+  });
+
+  it('fails the survivors with RANK_FAILED naming the rank when a process dies', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const a = forkFixture('world-child', { url, worldSize: 4, rankOffset: 0, ranks: 2, cpuBytes: 0, waitMs: 300 });
+    const b = forkFixture('world-child', { url, worldSize: 4, rankOffset: 2, ranks: 2, cpuBytes: 0, crash: true });
+    children.push(a, b);
+    await Promise.all([a.next('ready', 30_000), b.next('ready', 30_000)]);
+    expect(await b.exited).toBe('SIGKILL');
+    const e = await a.next('error', 30_000);
+    expect(e).toMatchObject({ code: 'RANK_FAILED', message: expect.stringMatching(/rank 2/) });
+    expect(await a.exited).toBe(0);
+  });
+});
