@@ -1,12 +1,18 @@
 // Every environment variable rankflow reads, with its default, in one place.
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
+import { existsSync } from 'node:fs';
 
 const env = process.env;
 const num = (v: string | undefined, fallback: number): number => (v !== undefined && v !== '' && Number.isFinite(Number(v)) ? Number(v) : fallback);
 
-/** Root of the installed package (dist/actors/config.js -> ../..). */
-export const PACKAGE_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+/** Root of the installed package: the nearest folder with a package.json above this file (dist/actors/config.js
+ *  when built, actors/config.ts when the tests import the sources). */
+export const PACKAGE_ROOT = ((): string => {
+  let dir = path.dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(path.join(dir, 'package.json')) && path.dirname(dir) !== dir) dir = path.dirname(dir);
+  return dir;
+})();
 
 export const config = {
   /** RANKFLOW_BACKEND: overrides `backend: 'auto'` ('host' | 'cuda'). */

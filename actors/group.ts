@@ -7,8 +7,13 @@ import { EventEmitter } from 'eventemitter3';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
-import { config } from './config.js';
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+
+import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
+import { installErrorTransfer } from './comlink-errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
 import { resolveBackend, type Backend } from './backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
@@ -49,7 +54,13 @@ export interface GroupEvents {
   inspect: (record: Record<string, unknown>) => void;
 }
 
-const WORKER_URL = new URL('../workers/rank.js', import.meta.url);
+installErrorTransfer();
+
+// The built worker beside this module; from the TypeScript sources (tests), the one in the package's dist/.
+const WORKER_URL = ((): URL => {
+  const beside = new URL('../workers/rank.js', import.meta.url);
+  return existsSync(fileURLToPath(beside)) ? beside : pathToFileURL(path.join(PACKAGE_ROOT, 'dist', 'workers', 'rank.js'));
+})();
 const DESTROY_GRACE_MS = 5000;
 
 /** A rank as the main thread sees it: plain data kept current by the rank's transitions. */
