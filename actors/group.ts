@@ -294,6 +294,7 @@ export class Group extends EventEmitter<GroupEvents> {
     if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
     checkPositiveInt('maxBytes', opts.maxBytes);
     checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
+    if (this.sessionOpen) throw new RankflowError('STATE', 'an AGRS session is already open on this group: close() it before opening another');
     const perGather = Math.ceil((opts.maxBytes * this.size) / 256) * 256;
     if (perGather * opts.maxAllGathers > this.bufferBytes)
       throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${perGather * opts.maxAllGathers} bytes exceeds the buffer (${this.bufferBytes} bytes)`);
@@ -349,7 +350,7 @@ export class Group extends EventEmitter<GroupEvents> {
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
   ppExchange(tensors: Tensor[]): Promise<Tensor[]> {
     try {
-      this.checkGatherInputs('tensors', tensors, this.bufferBytes * this.size);
+      this.checkGatherInputs('tensors', tensors, Number.POSITIVE_INFINITY); // the bound that holds is per rank: below
       const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
       if (bytes > this.bufferBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the buffer (${this.bufferBytes} bytes; see ppSizeHint)`);
     } catch (e) {
