@@ -39,6 +39,10 @@ uint32_t dispatch_notify(Context& c, const DispatchInput& in) {
   RF_CHECK(in.num_tokens <= c.cfg.ep.max_tokens_per_rank, "EINVAL",
            "x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
                std::to_string(c.cfg.ep.max_tokens_per_rank) + ")");
+  // A group made with a small buffer.bytes (allGather or pipeline only) has no room for the receive regions.
+  RF_CHECK(c.buf.bytes <= c.buffer_bytes(), "EINVAL",
+           "dispatch needs a buffer of " + std::to_string(c.buf.bytes) + " bytes after the workspace; buffer.bytes gives " +
+               std::to_string(c.buffer_bytes()) + " (use sizeHint(), " + std::to_string(size_hint(c.cfg.ep)) + " bytes)");
   std::shared_ptr<DispatchLayout> cached;
   if (in.cached_handle != 0) {
     cached = c.layout(in.cached_handle);
