@@ -163,6 +163,17 @@ describe('dispatch: edge cases of routing', () => {
         });
     });
 
+    test('a buffer.bytes below sizeHint: dispatch is EINVAL pointing at sizeHint, and the ranks stay ready', async () => {
+        const big: MoeConfig = { worldSize: 2, hidden: 2048, topk: 2, numExperts: 4 };
+        await withGroup({ ranks: 2, buffer: buffer(big, 512, { bytes: 4 << 20 }) }, async (g) => {
+            const inputs = randomInputs(25, big, () => 4);
+            const err = (await g.dispatch(inputs).catch((e: unknown) => e)) as RankflowError;
+            expect(err.code).toBe('EINVAL');
+            expect(err.message).toMatch(/dispatch needs a buffer of \d+ bytes .*\(use sizeHint\(\)/);
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+        });
+    });
+
     test('numExperts not divisible by the world size: createGroup fails with EINVAL', async () => {
         const err = (await createGroup({ ranks: 3, backend: 'host', buffer: { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 8 } })
             .catch((e: unknown) => e)) as RankflowError;
