@@ -9,8 +9,10 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
+
 import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
+import { installErrorTransfer } from './comlink-errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
 import { resolveBackend, type Backend } from './backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
@@ -62,6 +64,8 @@ export interface GroupEvents {
   failed: (f: { rank: number; error: RankflowError }) => void;
   inspect: (record: Record<string, unknown>) => void;
 }
+
+installErrorTransfer();
 
 // Always the built worker: tests run the TypeScript sources, but a worker thread needs JavaScript.
 const WORKER_URL = pathToFileURL(path.join(PACKAGE_ROOT, 'dist', 'workers', 'rank.js'));
@@ -341,6 +345,7 @@ export class Group extends EventEmitter<GroupEvents> {
     if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
     checkPositiveInt('maxBytes', opts.maxBytes);
     checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
+    if (this.sessionOpen) throw new RankflowError('STATE', 'an AGRS session is already open on this group: close() it before opening another');
     const perGather = Math.ceil((opts.maxBytes * this.worldSize) / 256) * 256;
     if (perGather * opts.maxAllGathers > this.bufferBytes)
       throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${perGather * opts.maxAllGathers} bytes exceeds the buffer (${this.bufferBytes} bytes)`);
@@ -396,7 +401,7 @@ export class Group extends EventEmitter<GroupEvents> {
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
   ppExchange(tensors: Tensor[]): Promise<Tensor[]> {
     try {
-      this.checkGatherInputs('tensors', tensors, this.bufferBytes * this.worldSize);
+      this.checkGatherInputs('tensors', tensors, Number.POSITIVE_INFINITY); // the bound that holds is per rank: below
       const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
       if (bytes > this.bufferBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the buffer (${this.bufferBytes} bytes; see ppSizeHint)`);
     } catch (e) {

@@ -79,7 +79,8 @@ export class RankOps {
       xElemBytes: ELEMENT_BYTES[d.x.dtype],
       scales: d.scales?.data as Float32Array | undefined,
       topkIdx: d.topkIdx,
-      topkWeights: d.topkWeights ?? new Float32Array(numTokens * topk),
+      // absent only with a handle: the native layout replays the weights of the dispatch that made it
+      ...(d.topkWeights ? { topkWeights: d.topkWeights } : {}),
       expertAlignment: d.expertAlignment ?? 1,
       ...(d.handle ? { handle: d.handle.id } : {}),
     };

@@ -10,11 +10,13 @@ import { createActor, fromPromise, type InspectionEvent } from 'xstate';
 import { rankMachine, statePath, type FailureInfo, type PhaseInput, type RankEvent } from '../machines/index.js';
 import { loadAddon, type ExportedSegments, type NativeContext } from '../actors/native.js';
 import { RankflowError } from '../actors/errors.js';
+import { installErrorTransfer } from '../actors/comlink-errors.js';
 import { RankOps, type RankInit } from './ops.js';
 import type { WorkerMessage } from './protocol.js';
 
 if (!parentPort) throw new Error('workers/rank.js must run in a worker thread');
 const port = parentPort;
+installErrorTransfer();
 const init = workerData as RankInit;
 
 const now = (): number => performance.timeOrigin + performance.now();

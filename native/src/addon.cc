@@ -58,6 +58,9 @@ T* data_of(const Napi::Value& v, const char* name, int64_t expect_bytes = -1) {
   if (expect_bytes >= 0 && int64_t(ta.ByteLength()) != expect_bytes)
     throw_einval(v.Env(), std::string(name) + " has " + std::to_string(ta.ByteLength()) + " bytes, expected " +
                               std::to_string(expect_bytes));
+  // An empty array is still given (V8 may back it with no memory): never confuse it with an absent one.
+  alignas(16) static uint8_t empty[16];
+  if (ta.ByteLength() == 0) return reinterpret_cast<T*>(empty);
   return reinterpret_cast<T*>(static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
 }
 

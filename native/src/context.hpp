@@ -42,6 +42,7 @@ struct DispatchLayout {
   int64_t num_tokens = 0;
   int64_t expert_alignment = 1;
   std::vector<int32_t> topk_idx;             // [T * K] global expert ids as given
+  std::vector<float> topk_weights;           // [T * K] as given: a cached dispatch without weights reuses them
   std::vector<uint64_t> dest_mask;           // [T] bit p set when rank p receives token t
   std::vector<int64_t> send_count;           // [W] tokens sent to rank p
   std::vector<int64_t> recv_count;           // [W] tokens received from rank p

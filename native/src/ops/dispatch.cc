@@ -15,6 +15,8 @@ void build_routing(Context& c, DispatchLayout& l, const DispatchInput& in) {
   const int64_t K = c.cfg.ep.topk, E = c.cfg.ep.num_experts, epr = experts_per_rank(c), T = in.num_tokens;
   l.num_tokens = T;
   l.topk_idx.assign(in.topk_idx, in.topk_idx + T * K);
+  if (in.topk_weights != nullptr) l.topk_weights.assign(in.topk_weights, in.topk_weights + T * K);
+  else l.topk_weights.assign(size_t(T * K), 0.0f);
   l.dest_mask.assign(size_t(T), 0);
   l.send_count.assign(size_t(c.world()), 0);
   for (int64_t t = 0; t < T; ++t) {
@@ -37,6 +39,10 @@ uint32_t dispatch_notify(Context& c, const DispatchInput& in) {
   RF_CHECK(in.num_tokens <= c.cfg.ep.max_tokens_per_rank, "EINVAL",
            "x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
                std::to_string(c.cfg.ep.max_tokens_per_rank) + ")");
+  // A group made with a small buffer.bytes (allGather or pipeline only) has no room for the receive regions.
+  RF_CHECK(c.buf.bytes <= c.buffer_bytes(), "EINVAL",
+           "dispatch needs a buffer of " + std::to_string(c.buf.bytes) + " bytes after the workspace; buffer.bytes gives " +
+               std::to_string(c.buffer_bytes()) + " (use sizeHint(), " + std::to_string(size_hint(c.cfg.ep)) + " bytes)");
   std::shared_ptr<DispatchLayout> cached;
   if (in.cached_handle != 0) {
     cached = c.layout(in.cached_handle);
@@ -51,6 +57,9 @@ uint32_t dispatch_notify(Context& c, const DispatchInput& in) {
     // Cached mode: same routing, counts already known; no notify and no CPU sync (seed 6.1 cached_mode).
     l->num_tokens = cached->num_tokens;
     l->topk_idx = cached->topk_idx;
+    l->topk_weights = in.topk_weights != nullptr
+                          ? std::vector<float>(in.topk_weights, in.topk_weights + in.num_tokens * K)
+                          : cached->topk_weights;
     l->dest_mask = cached->dest_mask;
     l->send_count = cached->send_count;
     l->recv_count = cached->recv_count;
@@ -131,7 +140,7 @@ void dispatch_data(Context& c, uint32_t layout_id, const DispatchInput& in, cons
         const int32_t e = l->topk_idx[size_t(t * K + k)];
         const bool mine = e >= 0 && e / epr == p;
         idx[k] = mine ? int32_t(e - p * epr) : -1;
-        w[k] = mine ? in.topk_weights[t * K + k] : 0.0f;
+        w[k] = mine ? l->topk_weights[size_t(t * K + k)] : 0.0f;
       }
       reinterpret_cast<int32_t*>(dst + c.buf.src_token)[slot] = int32_t(t);
       ++slot;

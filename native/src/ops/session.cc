@@ -41,7 +41,8 @@ void session_open(Context& c, int64_t max_bytes, int64_t max_all_gathers) {
   // The buffer may still hold data a slow peer reads for the previous op: wait until all entered.
   const uint32_t s = c.seq;
   c.announce(s);
-  for (int p = 0; p < c.world(); ++p) c.wait_entered(p, s);
+  for (int p = 0; p < c.world(); ++p)
+    if (p != c.rank()) c.wait_for(c.my_slot(c.ws.enter, p), s, WaitSite{kPhaseSessionOpen, p, "enter"}, WaitKind::Device);
   c.session.index += 1;
   write_and_wait(c, 2 * c.session.index - 1, kPhaseSessionOpen);
   c.session.open = true;

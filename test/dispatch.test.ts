@@ -1,0 +1,326 @@
+/**
+ * MoE dispatch on the host backend (API.md "Collective operations"), checked against a naive
+ * reference (test/helpers/moe-reference.ts): experts owned in contiguous blocks, a token sent once
+ * per destination rank, receive order by source rank then source token, local expert ids, aligned
+ * tokensPerExpert; the notify counters in the receivers' workspaces, the CPU-sync timeout, cached
+ * dispatch with a handle, input checks, and the same dispatch from a rank program.
+ */
+import { describe, expect, test } from 'vitest';
+import { createGroup, type DispatchResult, type Group, type RankflowError } from '../actors/index.js';
+import { loadAddon } from '../actors/native.js';
+import { program, recordTransitions, withGroup } from './helpers/group.js';
+import {
+    prng, randomBf16, randomDispatchInput, randomRouting, referenceDispatch, type MoeConfig, type RankRouting,
+} from './helpers/moe-reference.js';
+
+const buffer = (cfg: MoeConfig, maxTokensPerRank = 32, extra = {}) => ({
+    maxTokensPerRank, hidden: cfg.hidden, topk: cfg.topk, numExperts: cfg.numExperts, ...extra,
+});
+
+function expectDispatched(out: DispatchResult[], inputs: RankRouting[], cfg: MoeConfig, alignment = 1): void {
+    out.forEach((o, r) => {
+        const want = referenceDispatch(inputs, cfg, r, alignment);
+        expect(o.srcRank, `rank ${r} srcRank`).toEqual(want.srcRank);
+        expect(o.srcToken, `rank ${r} srcToken`).toEqual(want.srcToken);
+        expect(o.x.shape).toEqual([want.srcRank.length, cfg.hidden]);
+        expect(o.x.dtype).toBe(inputs[0]!.x.dtype);
+        expect(o.x.data, `rank ${r} x`).toEqual(want.x);
+        expect(o.topkIdx, `rank ${r} topkIdx`).toEqual(want.topkIdx);
+        expect(o.topkWeights, `rank ${r} topkWeights`).toEqual(want.topkWeights);
+        expect(o.tokensPerExpert, `rank ${r} tokensPerExpert`).toEqual(want.tokensPerExpert);
+        if (want.scales) expect(o.scales?.data, `rank ${r} scales`).toEqual(want.scales);
+        else expect(o.scales).toBeUndefined();
+    });
+}
+
+const randomInputs = (seed: number, cfg: MoeConfig, tokens: (r: number) => number, fp8 = false): RankRouting[] => {
+    const rng = prng(seed);
+    return Array.from({ length: cfg.worldSize }, (_, r) => randomDispatchInput(rng, tokens(r), cfg, fp8));
+};
+
+describe('dispatch: what each rank receives', () => {
+    const cfg: MoeConfig = { worldSize: 4, hidden: 256, topk: 4, numExperts: 16 };
+
+    test('bf16: rows of the tokens with an expert in the rank block, ordered by source rank then source token', async () => {
+        const inputs = randomInputs(1, cfg, (r) => 20 + r);
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            expectDispatched(await g.dispatch(inputs), inputs, cfg);
+        });
+    });
+
+    test('fp8e4m3 with per-128 fp32 scales: bits and scales travel with their token, in the same order', async () => {
+        const fcfg = { ...cfg, hidden: 384 };
+        const inputs = randomInputs(2, fcfg, (r) => 17 + 3 * r, true);
+        await withGroup({ ranks: 4, buffer: buffer(fcfg, 32, { fp8Dispatch: true }) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            expectDispatched(out, inputs, fcfg);
+            expect(out[0]!.scales!.shape).toEqual([out[0]!.x.shape[0], 3]);
+        });
+    });
+
+    test('bf16 dispatch on an fp8-capable buffer returns no scales', async () => {
+        const inputs = randomInputs(3, cfg, () => 9);
+        await withGroup({ ranks: 4, buffer: buffer(cfg, 32, { fp8Dispatch: true }) }, async (g) => {
+            expectDispatched(await g.dispatch(inputs), inputs, cfg);
+        });
+    });
+
+    test('top-16 routing with -1 slots: each token still arrives once per destination rank', async () => {
+        const kcfg: MoeConfig = { worldSize: 4, hidden: 128, topk: 16, numExperts: 64 };
+        const inputs = randomInputs(4, kcfg, () => 24);
+        await withGroup({ ranks: 4, buffer: buffer(kcfg) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            expectDispatched(out, inputs, kcfg);
+            for (const o of out) expect(new Set(o.srcRank.map((p, i) => p * 1000 + o.srcToken[i]!)).size).toBe(o.srcRank.length);
+        });
+    });
+
+    test('tokensPerExpert is padded to a multiple of expertAlignment (numRecv is not)', async () => {
+        const inputs = randomInputs(5, cfg, () => 13).map((d) => ({ ...d, expertAlignment: 8 }));
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            expectDispatched(out, inputs, cfg, 8);
+            for (const o of out) for (const n of o.tokensPerExpert) expect(n % 8).toBe(0);
+            const unpadded = referenceDispatch(inputs, cfg, 0).srcRank.length;
+            expect(out[0]!.x.shape[0]).toBe(unpadded);
+        });
+    });
+
+    test.each([1, 2, 3, 8])('world size %i: the same reference holds', async (W) => {
+        const wcfg: MoeConfig = { worldSize: W, hidden: 128, topk: Math.min(4, 2 * W), numExperts: 2 * W };
+        const inputs = randomInputs(10 + W, wcfg, (r) => 5 + ((r * 7) % 11));
+        await withGroup({ ranks: W, buffer: buffer(wcfg, 16) }, async (g) => {
+            expectDispatched(await g.dispatch(inputs), inputs, wcfg);
+        });
+    });
+
+    test('the handle names its group, rank, numTokens and numRecv, and carries the same seq on every rank', async () => {
+        const inputs = randomInputs(6, cfg, (r) => 3 + r);
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            out.forEach((o, r) => {
+                expect(o.handle).toMatchObject({ group: g.id, rank: r, numTokens: 3 + r, numRecv: o.x.shape[0] });
+                expect(o.handle.seq).toBe(out[0]!.handle.seq);
+            });
+        });
+    });
+});
+
+describe('dispatch: edge cases of routing', () => {
+    const cfg: MoeConfig = { worldSize: 4, hidden: 128, topk: 4, numExperts: 8 };
+
+    test('ranks with zero tokens send nothing and still receive', async () => {
+        const inputs = randomInputs(20, cfg, (r) => (r % 2 === 0 ? 0 : 12));
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            expectDispatched(out, inputs, cfg);
+            expect(out.every((o) => o.srcRank.every((p) => p % 2 === 1))).toBe(true);
+        });
+    });
+
+    test('all tokens to one expert: its owner receives every token, the others nothing', async () => {
+        const rng = prng(21);
+        const inputs: RankRouting[] = Array.from({ length: 4 }, () => {
+            const topkIdx = new Int32Array(10 * 4).fill(-1);
+            for (let t = 0; t < 10; t++) topkIdx[t * 4 + (t % 4)] = 5; // expert 5: rank 2 (owns 4..5)
+            return { x: randomBf16(rng, 10, 128), topkIdx, topkWeights: new Float32Array(40).fill(0.5) };
+        });
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            expectDispatched(out, inputs, cfg);
+            expect(out.map((o) => o.x.shape[0])).toEqual([0, 0, 40, 0]);
+            expect(out[2]!.tokensPerExpert).toEqual([0, 40]);
+        });
+    });
+
+    test('every slot -1: nobody receives anything, tokensPerExpert is all zeros', async () => {
+        const rng = prng(22);
+        const inputs: RankRouting[] = Array.from({ length: 4 }, () => ({
+            x: randomBf16(rng, 7, 128), topkIdx: new Int32Array(28).fill(-1), topkWeights: new Float32Array(28),
+        }));
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            const out = await g.dispatch(inputs);
+            expectDispatched(out, inputs, cfg);
+            for (const o of out) {
+                expect(o.x.shape).toEqual([0, 128]);
+                expect(o.tokensPerExpert).toEqual([0, 0]);
+            }
+        });
+    });
+
+    test('maxTokensPerRank exceeded: EINVAL naming the argument, and no rank moves', async () => {
+        const inputs = randomInputs(23, cfg, (r) => (r === 1 ? 33 : 4));
+        await withGroup({ ranks: 4, buffer: buffer(cfg, 32) }, async (g) => {
+            const rec = recordTransitions(g);
+            const err = (await g.dispatch(inputs).catch((e: unknown) => e)) as RankflowError;
+            expect(err.code).toBe('EINVAL');
+            expect(err.message).toMatch(/inputs\[1\]\.x\.shape\[0\].*33 tokens exceed buffer\.maxTokensPerRank \(32\)/);
+            expect(rec.events).toEqual([]);
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready', 'ready', 'ready']);
+            // ... and the group still works
+            const ok = inputs.map((d, r) => (r === 1 ? randomInputs(24, cfg, () => 4)[1]! : d));
+            expectDispatched(await g.dispatch(ok), ok, cfg);
+        });
+    });
+
+    test('a buffer.bytes below sizeHint: dispatch is EINVAL pointing at sizeHint, and the ranks stay ready', async () => {
+        const big: MoeConfig = { worldSize: 2, hidden: 2048, topk: 2, numExperts: 4 };
+        await withGroup({ ranks: 2, buffer: buffer(big, 512, { bytes: 4 << 20 }) }, async (g) => {
+            const inputs = randomInputs(25, big, () => 4);
+            const err = (await g.dispatch(inputs).catch((e: unknown) => e)) as RankflowError;
+            expect(err.code).toBe('EINVAL');
+            expect(err.message).toMatch(/dispatch needs a buffer of \d+ bytes .*\(use sizeHint\(\)/);
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+        });
+    });
+
+    test('numExperts not divisible by the world size: createGroup fails with EINVAL', async () => {
+        const err = (await createGroup({ ranks: 3, backend: 'host', buffer: { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 8 } })
+            .catch((e: unknown) => e)) as RankflowError;
+        expect(err.code).toBe('EINVAL');
+        expect(err.message).toMatch(/buffer\.numExperts.*\(8\) must be divisible by the world size \(3\)/);
+    });
+});
+
+describe('dispatch: notify counters, CPU sync and phases', () => {
+    const cfg: MoeConfig = { worldSize: 3, hidden: 128, topk: 4, numExperts: 6 };
+
+    /** Rank r's workspace slot `array` written by peer p (one 64-byte slot per peer), as a u64. */
+    async function slot(g: Group, r: number, offset: number): Promise<bigint> {
+        const bytes = await g.readWindow(r, offset, 8);
+        return new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
+    }
+    /** The reference encoding: the op seq in the high 32 bits, -(count + 1) as int32 in the low. */
+    const encoded = (seq: number, count: number): bigint => (BigInt(seq) << 32n) | BigInt((-(count + 1)) >>> 0);
+
+    test('notify writes -(count+1) with the op seq into each receiver: per source rank, and per source and local expert', async () => {
+        const inputs = randomInputs(30, cfg, (r) => 10 + r);
+        const layout = loadAddon().layout(buffer(cfg), 3).workspace;
+        await withGroup({ ranks: 3, buffer: buffer(cfg) }, async (g) => {
+            await g.dispatch(inputs);
+            for (let r = 0; r < 3; r++) {
+                const seq = (await g.info(r)).seq; // the dispatch was the last collective
+                const got = referenceDispatch(inputs, cfg, r);
+                for (let p = 0; p < 3; p++) {
+                    const fromP = got.srcRank.filter((s) => s === p).length;
+                    expect(await slot(g, r, layout.rankCount + p * layout.slotBytes), `rank ${r} rank_count[${p}]`).toBe(encoded(seq, fromP));
+                    for (let e = 0; e < 2; e++) {
+                        let n = 0;
+                        got.srcRank.forEach((s, i) => { if (s === p && [0, 1, 2, 3].some((k) => got.topkIdx[i * 4 + k] === e)) n++; });
+                        const at = layout.expertCount + (p * 2 + e) * layout.slotBytes;
+                        expect(await slot(g, r, at), `rank ${r} expert_count[${p}][${e}]`).toBe(encoded(seq, n));
+                    }
+                }
+            }
+        });
+    });
+
+    test('every rank passes dispatching.notify -> dispatching.cpuSync -> dispatching.data -> ready', async () => {
+        const inputs = randomInputs(31, cfg, () => 6);
+        await withGroup({ ranks: 3, buffer: buffer(cfg) }, async (g) => {
+            const rec = recordTransitions(g);
+            await g.dispatch(inputs);
+            for (let r = 0; r < 3; r++) expect(rec.paths(r)).toEqual(['dispatching.notify', 'dispatching.cpuSync', 'dispatching.data', 'ready']);
+        });
+    });
+
+    test('CPU sync: a rank that never dispatches makes its peers fail with TIMEOUT_CPU naming it and the counter', async () => {
+        const inputs = randomInputs(32, cfg, () => 4);
+        const g = await createGroup({ ranks: 3, backend: 'host', buffer: buffer(cfg), timeouts: { cpuSeconds: 1 } });
+        try {
+            const rec = recordTransitions(g);
+            const err = (await g.run(program('dispatch-unless.mjs'), { skip: 2, inputs }).catch((e: unknown) => e)) as RankflowError;
+            expect(err.code).toBe('TIMEOUT_CPU');
+            expect(err.rank).toBe(2);
+            expect(err.message).toMatch(/CPU-sync wait of rank [01] in dispatch notify timed out after 1(\.0+)? s on counter rank_count\[from rank 2\]/);
+            // both waiting ranks fail in the CPU sync: by their own timeout, or first told that the other timed out
+            for (const r of [0, 1]) {
+                expect(rec.paths(r).slice(0, 3)).toEqual(['dispatching.notify', 'dispatching.cpuSync', 'failed']);
+                expect(['TIMEOUT_CPU', 'RANK_FAILED']).toContain(g.ranks[r]!.error?.code);
+            }
+            expect([0, 1].some((r) => g.ranks[r]!.error?.code === 'TIMEOUT_CPU')).toBe(true);
+            // the silent rank hears of its peers' failure and fails too
+            await expect.poll(() => g.ranks[2]!.state).toBe('failed');
+            expect(g.ranks[2]!.error?.code).toBe('RANK_FAILED');
+        } finally {
+            await g.destroy();
+        }
+        expect(g.snapshot().map((s) => s.state)).toEqual(['destroyed', 'destroyed', 'destroyed']);
+    });
+});
+
+describe('dispatch: cached mode (handle, no topkIdx)', () => {
+    const cfg: MoeConfig = { worldSize: 4, hidden: 128, topk: 4, numExperts: 8 };
+
+    test('gives the same output as the dispatch that made the handle, weights included', async () => {
+        const inputs = randomInputs(40, cfg, (r) => 8 + 2 * r);
+        await withGroup({ ranks: 4, buffer: buffer(cfg, 32) }, async (g) => {
+            const first = await g.dispatch(inputs);
+            const again = await g.dispatch(inputs.map((d, r) => ({ x: d.x, handle: first[r]!.handle })));
+            again.forEach((o, r) => {
+                const { handle: h1, ...a } = first[r]!;
+                const { handle: h2, ...b } = o;
+                expect(b).toEqual(a);
+                expect(h2.numRecv).toBe(h1.numRecv);
+                expect(h2.seq).toBeGreaterThan(h1.seq);
+            });
+        });
+    });
+
+    test('with new x and new weights it routes them the old way', async () => {
+        const inputs = randomInputs(41, cfg, () => 9);
+        const rng = prng(42);
+        await withGroup({ ranks: 4, buffer: buffer(cfg, 32) }, async (g) => {
+            const first = await g.dispatch(inputs);
+            const fresh = inputs.map((d) => ({ ...d, x: randomBf16(rng, 9, 128), topkWeights: randomRouting(rng, 9, cfg, 4).topkWeights }));
+            const again = await g.dispatch(fresh.map((d, r) => ({ x: d.x, topkWeights: d.topkWeights, handle: first[r]!.handle })));
+            expectDispatched(again, fresh, cfg);
+        });
+    });
+
+    test('skips the notify counters (they keep the first dispatch seq) but still passes through every phase', async () => {
+        const inputs = randomInputs(43, cfg, () => 5);
+        const layout = loadAddon().layout(buffer(cfg), 4).workspace;
+        await withGroup({ ranks: 4, buffer: buffer(cfg, 32) }, async (g) => {
+            const first = await g.dispatch(inputs);
+            const seqFirst = (await g.info(0)).seq;
+            const rec = recordTransitions(g);
+            await g.dispatch(inputs.map((d, r) => ({ x: d.x, handle: first[r]!.handle })));
+            expect((await g.info(0)).seq).toBe(seqFirst + 1);
+            for (let p = 0; p < 4; p++) {
+                const bytes = await g.readWindow(0, layout.rankCount + p * layout.slotBytes, 8);
+                expect(Number(new DataView(bytes.buffer, bytes.byteOffset).getBigUint64(0, true) >> 32n)).toBe(seqFirst);
+            }
+            for (let r = 0; r < 4; r++) expect(rec.paths(r)).toEqual(['dispatching.notify', 'dispatching.cpuSync', 'dispatching.data', 'ready']);
+        });
+    });
+
+    test('a handle from another rank is refused with EINVAL before any rank moves', async () => {
+        const inputs = randomInputs(44, cfg, () => 5);
+        await withGroup({ ranks: 4, buffer: buffer(cfg, 32) }, async (g) => {
+            const first = await g.dispatch(inputs);
+            const err = (await g.dispatch(inputs.map((d, r) => ({ x: d.x, handle: first[(r + 1) % 4]!.handle }))).catch((e: unknown) => e)) as RankflowError;
+            expect(err.code).toBe('EINVAL');
+            expect(err.message).toMatch(/inputs\[0\]\.handle: belongs to rank 1, not rank 0/);
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready', 'ready', 'ready']);
+        });
+    });
+});
+
+describe('dispatch in a rank program', () => {
+    test('rank.dispatch inside the workers gives what driver-mode dispatch gives', async () => {
+        const cfg: MoeConfig = { worldSize: 4, hidden: 256, topk: 4, numExperts: 16 };
+        const inputs = randomInputs(50, cfg, (r) => 6 + 3 * r);
+        await withGroup({ ranks: 4, buffer: buffer(cfg) }, async (g) => {
+            const fromProgram = await g.run<{ dispatched: Record<string, unknown> }>(program('moe.mjs'), { inputs });
+            const driver = await g.dispatch(inputs);
+            fromProgram.forEach((p, r) => {
+                const d = driver[r]!;
+                expect(p.dispatched).toEqual({
+                    x: d.x.data, topkIdx: d.topkIdx, topkWeights: d.topkWeights, srcRank: d.srcRank, srcToken: d.srcToken,
+                    tokensPerExpert: d.tokensPerExpert,
+                });
+            });
+        });
+    });
+});

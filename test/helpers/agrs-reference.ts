@@ -1,0 +1,37 @@
+/**
+ * Naive references for AGRS collectives: allGather concatenates in rank order; reduceScatter sums
+ * in fp32, rank by rank (Math.fround at every step), and rounds bf16 results once (RNE).
+ */
+import { fromBf16, tensor, toBf16, type Tensor } from '../../actors/index.js';
+import { randInt } from './moe-reference.js';
+
+export function randomTensor(rng: () => number, dtype: 'fp32' | 'bf16' | 'int32', shape: number[]): Tensor {
+    const n = shape.reduce((a, b) => a * b, 1);
+    if (dtype === 'int32') return tensor('int32', shape, Int32Array.from({ length: n }, () => randInt(rng, 1 << 30) - (1 << 29)));
+    const values = Array.from({ length: n }, () => (rng() - 0.5) * 2 ** randInt(rng, 12));
+    return dtype === 'fp32' ? tensor('fp32', shape, Float32Array.from(values)) : tensor('bf16', shape, toBf16(values));
+}
+
+/** allGather reference: the ranks' tensors concatenated along the first dimension, in rank order. */
+export function referenceAllGather(inputs: Tensor[]): Tensor {
+    const [first] = inputs;
+    const data = new (first!.data.constructor as new (n: number) => Tensor['data'])(first!.data.length * inputs.length);
+    inputs.forEach((t, r) => data.set(t.data as never, r * t.data.length));
+    return tensor(first!.dtype, [inputs.length * first!.shape[0]!, ...first!.shape.slice(1)], data as never);
+}
+
+/** reduceScatter reference: rank r gets, per element of rows [r*n, (r+1)*n), the fp32 sum over ranks q in order. */
+export function referenceReduceScatter(inputs: Tensor[], r: number): Tensor {
+    const W = inputs.length;
+    const { dtype, shape } = inputs[0]!;
+    const values = inputs.map((t) => (dtype === 'bf16' ? fromBf16(t.data as Uint16Array) : (t.data as Float32Array)));
+    const chunk = values[0]!.length / W;
+    const acc = new Float32Array(chunk);
+    for (let i = 0; i < chunk; i++) {
+        let s = 0;
+        for (let q = 0; q < W; q++) s = Math.fround(s + values[q]![r * chunk + i]!);
+        acc[i] = s;
+    }
+    const outShape = [shape[0]! / W, ...shape.slice(1)];
+    return dtype === 'bf16' ? tensor('bf16', outShape, toBf16(acc)) : tensor('fp32', outShape, acc);
+}
