@@ -7,7 +7,9 @@ import { EventEmitter } from 'eventemitter3';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
-import { config } from './config.js';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
 import { resolveBackend, type Backend } from './backend.js';
@@ -17,7 +19,10 @@ import {
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './validate.js';
 import { engramSizeHint, sizeHint } from './hints.js';
-import type { FailureInfo } from '../machines/index.js';
+import { rankMachine, type FailureInfo } from '../machines/index.js';
+import { describeMachine } from './machine-graph.js';
+import { attachInspector, inspectorAddress, type InspectorHandle } from './inspector.js';
+import type { GroupObserver } from './timeline.js';
 import type { RankWorkerApi } from '../workers/rank.js';
 import type { CombineResult, DispatchResult, RankInit } from '../workers/ops.js';
 import { isWorkerMessage, type TransitionEvent } from '../workers/protocol.js';
@@ -32,8 +37,13 @@ export interface GroupOptions {
   ranksPerNode?: number;
   buffer: BufferConfig;
   timeouts?: { cpuSeconds?: number; gpuSeconds?: number };
-  /** Every xstate inspection event of every rank, as plain data tagged with its rank. */
-  inspect?: (record: Record<string, unknown>) => void;
+  /**
+   * A function: every xstate inspection event of every rank, as plain data tagged with its rank.
+   * A loopback URL ('http://127.0.0.1:PORT'): serve the live inspector page there for this group.
+   */
+  inspect?: ((record: Record<string, unknown>) => void) | string;
+  /** Watchers attached before the ranks start (a TimelineRecorder, an inspector server), so they see every transition. */
+  observers?: GroupObserver[];
 }
 
 export interface RankSnapshot {
@@ -49,7 +59,8 @@ export interface GroupEvents {
   inspect: (record: Record<string, unknown>) => void;
 }
 
-const WORKER_URL = new URL('../workers/rank.js', import.meta.url);
+// Always the built worker: tests run the TypeScript sources, but a worker thread needs JavaScript.
+const WORKER_URL = pathToFileURL(path.join(PACKAGE_ROOT, 'dist', 'workers', 'rank.js'));
 const DESTROY_GRACE_MS = 5000;
 
 /** A rank as the main thread sees it: plain data kept current by the rank's transitions. */
@@ -82,6 +93,8 @@ export class Group extends EventEmitter<GroupEvents> {
   private destroying = false;
   private sessionOpen = false;
   private bufferBytes = 0;
+  /** @internal */ detachers: Array<() => void> = [];
+  /** @internal */ inspector?: InspectorHandle;
 
   private constructor(
     readonly size: number,
@@ -107,7 +120,11 @@ export class Group extends EventEmitter<GroupEvents> {
     const gpuSeconds = opts.timeouts?.gpuSeconds ?? config.gpuSeconds;
     if (!(cpuSeconds > 0)) throw invalid('timeouts.cpuSeconds', `must be a positive number (got ${cpuSeconds})`);
     if (!(gpuSeconds > 0)) throw invalid('timeouts.gpuSeconds', `must be a positive number (got ${gpuSeconds})`);
-    if (opts.inspect !== undefined && typeof opts.inspect !== 'function') throw invalid('inspect', 'must be a function (record) => void');
+    if (opts.inspect !== undefined && typeof opts.inspect !== 'function' && typeof opts.inspect !== 'string')
+      throw invalid('inspect', "must be a function (record) => void or a loopback URL 'http://127.0.0.1:PORT'");
+    const inspectAt = typeof opts.inspect === 'string' ? inspectorAddress(opts.inspect) : undefined;
+    if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
+      throw invalid('observers', 'must be an array of objects with attach(group)');
     const layout = loadAddon().layout(buffer, size);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
@@ -115,8 +132,13 @@ export class Group extends EventEmitter<GroupEvents> {
     if (resolved === 'cuda') throw new RankflowError('BACKEND_UNAVAILABLE', "backend 'cuda': group creation on GPUs is not in this build yet");
 
     const group = new Group(size, resolved, buffer, opts);
-    if (opts.inspect) group.on('inspect', opts.inspect);
+    if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
+    for (const o of opts.observers ?? []) group.detachers.push(o.attach(group));
     try {
+      if (inspectAt) {
+        group.inspector = await attachInspector(group, { ...inspectAt, machine: describeMachine(rankMachine), unref: true });
+        process.stderr.write(`rankflow: inspector at ${group.inspector.url}\n`);
+      }
       await group.start({ ranksPerNode, cpuSeconds, gpuSeconds });
     } catch (e) {
       await group.destroy().catch(() => {});
@@ -129,7 +151,7 @@ export class Group extends EventEmitter<GroupEvents> {
     for (let r = 0; r < this.size; r++) {
       const init: RankInit = {
         rank: r, worldSize: this.size, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
-        cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: this.opts.inspect !== undefined,
+        cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
       };
       this.members.push(this.spawn(r, init));
     }
@@ -392,6 +414,8 @@ export class Group extends EventEmitter<GroupEvents> {
           this.emit('transition', { rank: r, from, to: 'destroyed', event: 'TERMINATED', at: performance.timeOrigin + performance.now() });
         }
       }));
+      for (const detach of this.detachers.splice(0)) detach();
+      await this.inspector?.close();
     })();
     return this.destroyed;
   }

@@ -1,0 +1,44 @@
+// File-descriptor passing between processes of one host (SCM_RIGHTS over a Unix stream socket).
+// A rank's symmetric memory is a set of fds (memfds on the host backend, cuMem POSIX-fd handles on
+// cuda); ranks in other processes import them after receiving them here. pidfd_getfd would avoid
+// the socket but fails under ptrace restrictions (Yama, containers), so it is not used.
+//
+// The blocking parts (fd_serve, fd_fetch) are plain C++ and throw FdPassError; RegisterFdPass wraps
+// them in AsyncWorkers and exports `fdServe` and `fdFetch` to JavaScript.
+#pragma once
+
+#include <napi.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace rankflow {
+
+// `code` is one of rankflow's public error codes: EINVAL (bad argument, failed syscall) or
+// TIMEOUT_CPU (a peer never came); the JS side rejects with an Error carrying the same `code`.
+struct FdPassError : std::runtime_error {
+  std::string code;
+  FdPassError(std::string code, const std::string& message)
+      : std::runtime_error(message), code(std::move(code)) {}
+};
+
+// Socket names: "@name" is the Linux abstract namespace (no file, gone with the last close, scoped
+// to the network namespace); anything else is a filesystem path, unlinked by the server when done.
+// Serves `fds` to `expected_clients` clients, then returns; throws after `timeout_ms`.
+void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int expected_clients,
+              int64_t timeout_ms);
+
+// Connects (retrying until the server is up or `timeout_ms` has passed) and returns the received
+// fds, opened O_CLOEXEC. On any error no received fd stays open.
+std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms);
+
+}  // namespace rankflow
+
+// Exports fdServe(socketPath, fds, expectedClients, timeoutMs): Promise<void> and
+// fdFetch(socketPath, timeoutMs): Promise<number[]>. Both run on the libuv thread pool.
+// Declared at global scope and re-exported into rankflow:: so addon.cc may call it either way.
+void RegisterFdPass(Napi::Env env, Napi::Object exports);
+namespace rankflow {
+using ::RegisterFdPass;
+}

@@ -1,0 +1,199 @@
+// fdServe/fdFetch: SCM_RIGHTS fd passing between processes of one host, through the scratch addon
+// (native/test-fdpass: fdpass.cc + a memfd helper). The fds passed are memfds, as the host
+// backend's symmetric memory is made of.
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import { createRequire } from 'node:module';
+import os from 'node:os';
+import path from 'node:path';
+import { afterEach, beforeAll, describe, expect, it } from 'vitest';
+
+import { ensureFdpassAddon, forkFixture, killAll, repoRoot, type Child } from './helpers/children.js';
+
+interface FdPassAddon {
+  fdServe(socketPath: string, fds: number[], expectedClients: number, timeoutMs: number): Promise<void>;
+  fdFetch(socketPath: string, timeoutMs: number): Promise<number[]>;
+  memfdCreate(size: number): number;
+  closeFd(fd: number): void;
+}
+
+let addon: FdPassAddon;
+let addonPath: string;
+const children: Child[] = [];
+afterEach(() => killAll(children));
+beforeAll(() => {
+  addonPath = ensureFdpassAddon();
+  addon = createRequire(import.meta.url)(addonPath) as FdPassAddon;
+}, 180_000);
+
+let names = 0;
+const socketName = (): string => `@rankflow-test-${process.pid}-${++names}`;
+// The test process itself opens and closes fds at any time (vitest's own IPC), so here we check
+// our fds by number; exact counts are checked in the quiet forked processes above.
+const openFds = (): Set<number> => new Set(fs.readdirSync('/proc/self/fd').map(Number));
+const inode = (fd: number): number => fs.fstatSync(fd).ino;
+
+describe('fd passing between processes', () => {
+  it('a client in another process shares the memfd with the server, and neither leaks an fd', async () => {
+    const socketPath = socketName();
+    // Client first: it retries until the server listens.
+    const client = forkFixture('fdpass-peer', { role: 'client', addonPath, socketPath, timeoutMs: 5000 });
+    children.push(client);
+    await new Promise((r) => setTimeout(r, 200));
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 5000 });
+    children.push(server);
+
+    const fetched = await client.next('fetched');
+    await server.next('served');
+    expect(fetched.count).toBe(1);
+    expect(fetched.text).toBe('written by the server');
+    expect(fetched.during).toBe((fetched.before as number) + 1);
+    expect(fetched.after).toBe(fetched.before);
+
+    // The client wrote through its fd; the server reads it through its own: one memory.
+    server.send({ cmd: 'check' });
+    const checked = await server.next('checked');
+    expect(checked.text).toBe('written by the client');
+    expect(checked.after).toBe(checked.before);
+    expect(await Promise.all([client.exited, server.exited])).toEqual([0, 0]);
+  });
+
+  it('a client that runs out of fds mid-way closes what it received and reports it; the server says why', async () => {
+    const socketPath = socketName();
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 2000, count: 600 });
+    children.push(server);
+    // 600 fds do not fit under a limit of 100: recvmsg installs some, then truncates.
+    const arg = JSON.stringify({ role: 'starved-client', addonPath, socketPath, timeoutMs: 2000 });
+    const out = execFileSync('bash', ['-c', 'ulimit -n 100 && exec "$0" "$1" "$2"', process.execPath, path.join(repoRoot, 'test/fixtures/fdpass-peer.mjs'), arg], {
+      encoding: 'utf8',
+    });
+    const m = JSON.parse(out.trim()) as { kind: string; code: string; message: string; before: number; after: number };
+    expect(m.kind).toBe('error');
+    expect(m.code).toBe('EINVAL');
+    expect(m.message).toMatch(/^fdFetch\(@rankflow-test-.*\): recvmsg truncated the SCM_RIGHTS data after \d+ of 600 fds/);
+    expect(m.after).toBe(m.before);
+
+    const e = await server.next('error');
+    expect(e.code).toBe('TIMEOUT_CPU');
+    expect(e.message).toMatch(/timed out after \d+ ms with 0 of 1 clients served; last client error: client pid \d+ closed the connection before acknowledging/);
+    // (Whether it went before or during the send, it is reported the same way.)
+  });
+});
+
+describe('fd passing in one process', () => {
+  it('passes more fds than one message holds (600 > 253) to several clients, each the same file', async () => {
+    const memfd = addon.memfdCreate(4096);
+    const fds = Array.from({ length: 600 }, () => memfd);
+    const socketPath = socketName();
+    const served = addon.fdServe(socketPath, fds, 2, 5000);
+    const [a, b] = await Promise.all([addon.fdFetch(socketPath, 5000), addon.fdFetch(socketPath, 5000)]);
+    await served;
+    for (const got of [a!, b!]) {
+      expect(got).toHaveLength(600);
+      expect(new Set(got).size).toBe(600); // new, distinct fd numbers
+      for (const fd of got) expect(inode(fd)).toBe(inode(memfd));
+      // O_CLOEXEC, so a child process does not inherit a rank's memory.
+      expect(fs.readFileSync(`/proc/self/fdinfo/${got[0]}`, 'utf8')).toMatch(/flags:\s+0?2\d{4}\d*/);
+    }
+    const received = [...a!, ...b!];
+    const during = openFds();
+    expect(received.filter((fd) => !during.has(fd))).toEqual([]);
+    for (const fd of received) addon.closeFd(fd);
+    // Numbers are reused at once by whatever opens next, so ask what they point to now.
+    const stillMemfd = (fd: number): boolean => {
+      try {
+        return inode(fd) === inode(memfd);
+      } catch {
+        return false;
+      }
+    };
+    expect(received.filter(stillMemfd)).toEqual([]);
+    addon.closeFd(memfd);
+  });
+
+  it('passes an empty list', async () => {
+    const socketPath = socketName();
+    const served = addon.fdServe(socketPath, [], 1, 2000);
+    expect(await addon.fdFetch(socketPath, 2000)).toEqual([]);
+    await served;
+  });
+
+  it('fdFetch waits for a server that starts later', async () => {
+    const memfd = addon.memfdCreate(4096);
+    const socketPath = socketName();
+    const fetched = addon.fdFetch(socketPath, 5000);
+    await new Promise((r) => setTimeout(r, 300));
+    await addon.fdServe(socketPath, [memfd], 1, 5000);
+    const [fd] = await fetched;
+    expect(inode(fd!)).toBe(inode(memfd));
+    addon.closeFd(fd!);
+    addon.closeFd(memfd);
+  });
+
+  it('a filesystem socket path works and is removed afterwards', async () => {
+    const memfd = addon.memfdCreate(4096);
+    const socketPath = path.join(os.tmpdir(), `rankflow-test-${process.pid}-${++names}.sock`);
+    const served = addon.fdServe(socketPath, [memfd], 1, 5000);
+    const [fd] = await addon.fdFetch(socketPath, 5000);
+    await served;
+    expect(fs.existsSync(socketPath)).toBe(false);
+    addon.closeFd(fd!);
+    await expect(addon.fdServe(socketPath, [memfd], 1, 100)).rejects.toMatchObject({ code: 'TIMEOUT_CPU' });
+    expect(fs.existsSync(socketPath)).toBe(false);
+    addon.closeFd(memfd);
+  });
+
+  it('fdFetch with no server times out with TIMEOUT_CPU naming the socket, within the timeout', async () => {
+    const before = openFds();
+    const t0 = Date.now();
+    const socketPath = socketName();
+    await expect(addon.fdFetch(socketPath, 300)).rejects.toMatchObject({
+      code: 'TIMEOUT_CPU',
+      message: expect.stringMatching(new RegExp(`^fdFetch\\(${socketPath}\\): no server after \\d+ ms \\(\\d+ attempts, last connect: Connection refused\\)`)),
+    });
+    expect(Date.now() - t0).toBeLessThan(300 + 200);
+    expect([...openFds()].filter((fd) => !before.has(fd))).toEqual([]);
+  });
+
+  it('fdServe times out with TIMEOUT_CPU saying how many clients it served', async () => {
+    const memfd = addon.memfdCreate(4096);
+    const socketPath = socketName();
+    const served = addon.fdServe(socketPath, [memfd], 2, 500);
+    const [fd] = await addon.fdFetch(socketPath, 500);
+    await expect(served).rejects.toMatchObject({
+      code: 'TIMEOUT_CPU',
+      message: expect.stringMatching(new RegExp(`^fdServe\\(${socketPath}\\): timed out after 50\\d ms with 1 of 2 clients served$`)),
+    });
+    addon.closeFd(fd!);
+    addon.closeFd(memfd);
+  });
+
+  it('a second server on the same name fails with EADDRINUSE', async () => {
+    const memfd = addon.memfdCreate(4096);
+    const socketPath = socketName();
+    const first = addon.fdServe(socketPath, [memfd], 1, 2000);
+    await new Promise((r) => setTimeout(r, 100));
+    await expect(addon.fdServe(socketPath, [memfd], 1, 2000)).rejects.toMatchObject({
+      code: 'EINVAL',
+      message: expect.stringMatching(/bind failed: Address already in use \(another server holds this name/),
+    });
+    addon.closeFd((await addon.fdFetch(socketPath, 2000))[0]!);
+    await first;
+    addon.closeFd(memfd);
+  });
+
+  it('bad arguments reject with EINVAL naming the argument', async () => {
+    const memfd = addon.memfdCreate(4096);
+    addon.closeFd(memfd); // now a closed fd number
+    const cases: Array<[() => Promise<unknown>, RegExp]> = [
+      [() => addon.fdServe('@x', [memfd], 1, 100), /fdServe\(@x\): fds\[0\] = \d+: fcntl\(F_GETFD\) failed: Bad file descriptor/],
+      [() => addon.fdServe('@x', [1.5], 1, 100), /fds\[0\] is not a non-negative integer/],
+      [() => addon.fdServe('@x', [], -1, 100), /expectedClients must be an integer >= 0/],
+      [() => addon.fdServe('@x', [], 1, 0), /timeoutMs must be a number > 0/],
+      [() => addon.fdFetch('', 100), /socketPath is empty/],
+      [() => addon.fdFetch(`@${'x'.repeat(200)}`, 100), /socketPath is 200 bytes, a Unix socket name holds at most 107/],
+      [() => (addon.fdFetch as (...a: unknown[]) => Promise<unknown>)(42), /bad arguments/],
+    ];
+    for (const [call, message] of cases) await expect(call()).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
+  });
+});

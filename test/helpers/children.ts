@@ -1,0 +1,109 @@
+// Child processes for multi-process tests: building what they run (forked children run plain JS,
+// not the TypeScript vitest runs), forking fixtures, and waiting for their IPC messages.
+import { execFileSync, fork, type ChildProcess } from 'node:child_process';
+import { existsSync, statSync } from 'node:fs';
+import net from 'node:net';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+/** The repository root, found from this file whether it runs as test/ source or from dist/test/. */
+export const repoRoot: string = (() => {
+  let dir = path.dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(path.join(dir, 'package.json')) || !existsSync(path.join(dir, 'tsconfig.json'))) {
+    const up = path.dirname(dir);
+    if (up === dir) throw new Error('test helpers: repository root not found');
+    dir = up;
+  }
+  return dir;
+})();
+
+const newest = (files: string[]): number => Math.max(...files.map((f) => statSync(path.join(repoRoot, f)).mtimeMs));
+const isFresh = (output: string, sources: string[]): boolean =>
+  existsSync(path.join(repoRoot, output)) && statSync(path.join(repoRoot, output)).mtimeMs >= newest(sources);
+
+/** Compiles the TypeScript (tsc, as `npm test` does) when dist/ is older than `sources`. */
+export function ensureCompiled(output: string, sources: string[]): void {
+  if (isFresh(output, sources)) return;
+  try {
+    execFileSync(process.execPath, [path.join(repoRoot, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.json'], {
+      cwd: repoRoot,
+      stdio: 'pipe',
+    });
+  } catch (e) {
+    // Type errors elsewhere in the tree still emit JS; only a missing output is fatal.
+    if (!existsSync(path.join(repoRoot, output))) throw e;
+  }
+}
+
+/** Builds the scratch fd-passing addon (native/test-fdpass) when it is older than its sources. */
+export function ensureFdpassAddon(): string {
+  const out = 'build/test-fdpass/Release/rankflow_fdpass_test.node';
+  const sources = ['native/src/fdpass.cc', 'native/src/fdpass.hpp', 'native/test-fdpass/addon_fdpass_test.cc', 'native/test-fdpass/CMakeLists.txt'];
+  if (!isFresh(out, sources)) {
+    execFileSync(
+      process.execPath,
+      [path.join(repoRoot, 'node_modules/cmake-js/bin/cmake-js'), 'compile', '--directory', 'native/test-fdpass', '--out', 'build/test-fdpass'],
+      { cwd: repoRoot, stdio: 'pipe' },
+    );
+  }
+  return path.join(repoRoot, out);
+}
+
+/** A TCP port that was free a moment ago. */
+export async function freePort(): Promise<number> {
+  const server = net.createServer();
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address() as net.AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return port;
+}
+
+export type Message = { kind: string; [key: string]: unknown };
+
+export interface Child {
+  proc: ChildProcess;
+  /** The next message of this kind (messages are kept until taken). */
+  next(kind: string, timeoutMs?: number): Promise<Message>;
+  send(m: unknown): void;
+  /** Exit code, or the signal's name. */
+  exited: Promise<number | string>;
+}
+
+/** Forks test/fixtures/<name>.mjs with one JSON argument and IPC. */
+export function forkFixture(name: string, arg: unknown): Child {
+  const proc = fork(path.join(repoRoot, 'test/fixtures', `${name}.mjs`), [JSON.stringify(arg)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+  const inbox: Message[] = [];
+  const waiters: Array<{ kind: string; resolve: (m: Message) => void }> = [];
+  proc.on('message', (m: Message) => {
+    const i = waiters.findIndex((w) => w.kind === m.kind);
+    if (i >= 0) waiters.splice(i, 1)[0]!.resolve(m);
+    else inbox.push(m);
+  });
+  const exited = new Promise<number | string>((resolve) => proc.on('exit', (code, signal) => resolve(code ?? signal ?? -1)));
+  return {
+    proc,
+    exited,
+    send: (m) => proc.send(m as never),
+    next(kind, timeoutMs = 10_000) {
+      const i = inbox.findIndex((m) => m.kind === kind);
+      if (i >= 0) return Promise.resolve(inbox.splice(i, 1)[0]!);
+      return new Promise<Message>((resolve, reject) => {
+        const timer = setTimeout(() => reject(new Error(`${name} (pid ${proc.pid}): no '${kind}' message after ${timeoutMs} ms; got ${JSON.stringify(inbox)}`)), timeoutMs);
+        const w = { kind, resolve: (m: Message) => (clearTimeout(timer), resolve(m)) };
+        waiters.push(w);
+        void exited.then((code) => {
+          const j = waiters.indexOf(w);
+          if (j < 0) return;
+          waiters.splice(j, 1);
+          clearTimeout(timer);
+          reject(new Error(`${name} (pid ${proc.pid}) exited (${code}) before sending '${kind}'; got ${JSON.stringify(inbox)}`));
+        });
+      });
+    },
+  };
+}
+
+/** Kills whatever is still running, for afterEach. */
+export function killAll(children: Child[]): void {
+  for (const c of children.splice(0)) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
+}
