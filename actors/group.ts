@@ -12,7 +12,7 @@ import { pathToFileURL } from 'node:url';
 import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
-import { resolveBackend, type Backend } from './backend.js';
+import { cudaDeviceCount, resolveBackend, type Backend } from './backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
 import {
   checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
@@ -110,8 +110,13 @@ export class Group extends EventEmitter<GroupEvents> {
   static async create(opts: GroupOptions): Promise<Group> {
     if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be an object { buffer, ranks?, backend?, ... }');
     const backend = checkBackendOption(opts.backend);
-    const size = opts.ranks ?? config.hostRanks;
+    const resolved = resolveBackend(backend);
+    const gpus = resolved === 'cuda' ? cudaDeviceCount() : 0;
+    const size = opts.ranks ?? (resolved === 'cuda' ? (Array.isArray(opts.devices) ? opts.devices.length : gpus) : config.hostRanks);
     checkPositiveInt('ranks', size, 64);
+    const devices = checkDevices(opts.devices, size, resolved, gpus);
+    if (resolved === 'cuda' && devices === undefined && size > gpus)
+      throw invalid('ranks', `(${size}) exceeds the GPU count (${gpus}): backend 'cuda' runs one rank per GPU`);
     const buffer = checkBufferConfig(opts.buffer, size);
     const ranksPerNode = opts.ranksPerNode ?? size;
     checkPositiveInt('ranksPerNode', ranksPerNode, size);
@@ -128,8 +133,6 @@ export class Group extends EventEmitter<GroupEvents> {
     const layout = loadAddon().layout(buffer, size);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
-    const resolved = resolveBackend(backend);
-    if (resolved === 'cuda') throw new RankflowError('BACKEND_UNAVAILABLE', "backend 'cuda': group creation on GPUs is not in this build yet");
 
     const group = new Group(size, resolved, buffer, opts);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
@@ -139,7 +142,7 @@ export class Group extends EventEmitter<GroupEvents> {
         group.inspector = await attachInspector(group, { ...inspectAt, machine: describeMachine(rankMachine), unref: true });
         process.stderr.write(`rankflow: inspector at ${group.inspector.url}\n`);
       }
-      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds });
+      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices });
     } catch (e) {
       await group.destroy().catch(() => {});
       throw RankflowError.from(e);
@@ -147,17 +150,23 @@ export class Group extends EventEmitter<GroupEvents> {
     return group;
   }
 
-  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number }): Promise<void> {
+  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[] }): Promise<void> {
     for (let r = 0; r < this.size; r++) {
       const init: RankInit = {
         rank: r, worldSize: this.size, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
+        backend: this.backend, ...(t.devices ? { device: t.devices[r]! } : {}),
       };
       this.members.push(this.spawn(r, init));
     }
     const exported = await Promise.all(this.members.map((m, r) => this.call(r, () => m.api.exported())));
     this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
     const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
+    if (this.backend === 'cuda') {
+      // One NCCL communicator per rank: rank 0 makes the unique id, every rank joins with it together.
+      const id = await this.call(0, () => this.members[0]!.api.ncclUniqueId());
+      if (id) await this.all((api) => api.ncclInit(id));
+    }
     await this.all((api) => api.register(peers));
   }
 
@@ -471,6 +480,20 @@ export class Session {
   private checkOpen(): void {
     if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
   }
+}
+
+/** `devices`: one distinct GPU ordinal per rank, each below the GPU count (cuda only; ignored on host). */
+function checkDevices(devices: unknown, size: number, backend: Backend, gpus: number): number[] | undefined {
+  if (devices === undefined) return undefined;
+  if (!Array.isArray(devices)) throw invalid('devices', `must be an array of GPU ordinals, one per rank (got ${typeof devices})`);
+  if (devices.length !== size) throw invalid('devices', `has ${devices.length} entries; it needs one GPU ordinal per rank (${size})`);
+  devices.forEach((d, i) => {
+    if (!Number.isInteger(d) || (d as number) < 0) throw invalid(`devices[${i}]`, `must be a non-negative integer GPU ordinal (got ${String(d)})`);
+    if (backend === 'cuda' && (d as number) >= gpus) throw invalid(`devices[${i}]`, `GPU ${d} does not exist: the driver sees ${gpus} GPU(s)`);
+  });
+  const dup = devices.findIndex((d, i) => devices.indexOf(d) !== i);
+  if (dup >= 0) throw invalid(`devices[${dup}]`, `GPU ${devices[dup]} is given to two ranks; each rank needs its own GPU`);
+  return backend === 'cuda' ? (devices as number[]) : undefined;
 }
 
 function checkBackendOption(b: unknown): 'auto' | Backend | undefined {
