@@ -4,6 +4,7 @@
 import { parentPort, workerData } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
+import './comlink-errors.js';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 import { createActor, fromPromise, type InspectionEvent } from 'xstate';
 
