@@ -14,6 +14,7 @@ test('a barrier nobody joins fails rank 0 with TIMEOUT_GPU naming the phase and 
   group.on('failed', ({ rank, error }) => failures.push({ rank, code: error.code }));
   try {
     await assert.rejects(group.run(new URL('./programs/lonely-barrier.mjs', import.meta.url)), (e) => {
+      console.log(`rank 0's error: ${JSON.stringify({ code: e.code, rank: e.rank, phase: e.phase, message: e.message })}`);
       assert.equal(e.code, 'TIMEOUT_GPU');
       assert.equal(e.rank, 1);
       assert.equal(e.phase, 'barrier');
@@ -30,15 +31,6 @@ test('a barrier nobody joins fails rank 0 with TIMEOUT_GPU naming the phase and 
     await group.destroy();
   }
   assert.deepEqual(group.snapshot().map((r) => r.state), ['destroyed', 'destroyed']);
-});
-
-test('after the trapped group is destroyed, a new group on the same GPUs works', async () => {
-  const group = await cudaGroup();
-  try {
-    await group.barrier({ withCpuSync: true });
-  } finally {
-    await group.destroy();
-  }
 });
 
 async function waitFor(cond, ms = 10_000) {
