@@ -27,6 +27,9 @@ test('a barrier nobody joins fails rank 0 with TIMEOUT_GPU naming the phase and 
     await waitFor(() => group.snapshot()[1].state === 'failed');
     assert.equal(group.snapshot()[1].error.code, 'RANK_FAILED');
     assert.deepEqual(failures.map((f) => f.rank).sort(), [0, 1]);
+    // Not asserted (what the driver does with the peer GPU after a trap): can rank 1 still use its GPU?
+    const probe1 = await group.readWindow(1, 0, 8).then(() => 'ok', (e) => `${e.code}: ${e.message}`);
+    console.log(`rank 1's GPU after rank 0's trap: ${probe1}`);
   } finally {
     await group.destroy();
   }
