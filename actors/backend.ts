@@ -25,6 +25,12 @@ export function probeCuda(): CudaProbe {
 
 let saidFallback = false;
 
+/** GPUs the driver sees (0 without a usable CUDA backend). */
+export function cudaDeviceCount(): number {
+  const probe = probeCuda();
+  return probe.available && typeof probe.devices === 'number' ? probe.devices : 0;
+}
+
 export function resolveBackend(requested: 'auto' | Backend | undefined): Backend {
   const want = requested === undefined || requested === 'auto' ? config.backend ?? 'auto' : requested;
   if (want === 'host') return 'host';

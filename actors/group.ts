@@ -14,7 +14,7 @@ import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
 import { installErrorTransfer } from './comlink-errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
-import { resolveBackend, type Backend } from './backend.js';
+import { cudaDeviceCount, resolveBackend, type Backend } from './backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
 import {
   checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
@@ -128,10 +128,15 @@ export class Group extends EventEmitter<GroupEvents> {
   static async create(opts: GroupOptions): Promise<Group> {
     if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be an object { buffer, ranks?, backend?, ... }');
     const backend = checkBackendOption(opts.backend);
-    const size = opts.ranks ?? config.hostRanks;
+    const resolved = resolveBackend(backend);
+    const gpus = resolved === 'cuda' ? cudaDeviceCount() : 0;
+    const size = opts.ranks ?? (resolved === 'cuda' ? (Array.isArray(opts.devices) ? opts.devices.length : gpus) : config.hostRanks);
     checkPositiveInt('ranks', size, 64);
     const world = opts.world !== undefined ? checkWorld(opts.world, size) : undefined;
     const worldSize = world?.size ?? size;
+    const devices = checkDevices(opts.devices, size, resolved, gpus);
+    if (resolved === 'cuda' && devices === undefined && size > gpus)
+      throw invalid('ranks', `(${size}) exceeds the GPU count (${gpus}): backend 'cuda' runs one rank per GPU`);
     const buffer = checkBufferConfig(opts.buffer, worldSize);
     const ranksPerNode = opts.ranksPerNode ?? worldSize;
     checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);
@@ -148,8 +153,6 @@ export class Group extends EventEmitter<GroupEvents> {
     const layout = loadAddon().layout(buffer, worldSize);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
-    const resolved = resolveBackend(backend);
-    if (resolved === 'cuda') throw new RankflowError('BACKEND_UNAVAILABLE', "backend 'cuda': group creation on GPUs is not in this build yet");
 
     const group = new Group(size, resolved, buffer, opts, world);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
@@ -159,7 +162,7 @@ export class Group extends EventEmitter<GroupEvents> {
         group.inspector = await attachInspector(group, { ...inspectAt, machine: describeMachine(rankMachine), unref: true });
         process.stderr.write(`rankflow: inspector at ${group.inspector.url}\n`);
       }
-      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds });
+      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices });
     } catch (e) {
       await group.destroy().catch(() => {});
       throw RankflowError.from(e);
@@ -167,11 +170,12 @@ export class Group extends EventEmitter<GroupEvents> {
     return group;
   }
 
-  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number }): Promise<void> {
+  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[] }): Promise<void> {
     for (let r = 0; r < this.size; r++) {
       const init: RankInit = {
         rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
+        backend: this.backend, ...(t.devices ? { device: t.devices[r]! } : {}),
       };
       this.members.push(this.spawn(r, init));
     }
@@ -179,10 +183,15 @@ export class Group extends EventEmitter<GroupEvents> {
     this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
     if (!this.world) {
       const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
+      if (this.backend === 'cuda') {
+        // One NCCL communicator per rank: rank 0 makes the unique id, every rank joins with it together.
+        const id = await this.call(0, () => this.members[0]!.api.ncclUniqueId());
+        if (id) await this.all((api) => api.ncclInit(id));
+      }
       await this.all((api) => api.register(peers));
       return;
     }
-    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode }), t.cpuSeconds * 1000);
+    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), t.cpuSeconds * 1000);
     this.rv = joined.rv;
     joined.rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {
@@ -193,6 +202,13 @@ export class Group extends EventEmitter<GroupEvents> {
       }
     });
     try {
+      if (this.backend === 'cuda') {
+        // NCCL's unique id travels from global rank 0's process through the rendezvous.
+        const mine = this.rankOffset === 0 ? await this.call(0, () => this.members[0]!.api.ncclUniqueId()) : null;
+        const ids = await joined.rv.exchange(mine ? Array.from(mine) : null);
+        const root = ids[0] as number[] | null;
+        if (root) await this.all((api) => api.ncclInit(Uint8Array.from(root)));
+      }
       await this.all((api) => api.register(joined.peers));
     } finally {
       loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)
@@ -513,6 +529,20 @@ export class Session {
   private checkOpen(): void {
     if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
   }
+}
+
+/** `devices`: one distinct GPU ordinal per rank, each below the GPU count (cuda only; ignored on host). */
+function checkDevices(devices: unknown, size: number, backend: Backend, gpus: number): number[] | undefined {
+  if (devices === undefined) return undefined;
+  if (!Array.isArray(devices)) throw invalid('devices', `must be an array of GPU ordinals, one per rank (got ${typeof devices})`);
+  if (devices.length !== size) throw invalid('devices', `has ${devices.length} entries; it needs one GPU ordinal per rank (${size})`);
+  devices.forEach((d, i) => {
+    if (!Number.isInteger(d) || (d as number) < 0) throw invalid(`devices[${i}]`, `must be a non-negative integer GPU ordinal (got ${String(d)})`);
+    if (backend === 'cuda' && (d as number) >= gpus) throw invalid(`devices[${i}]`, `GPU ${d} does not exist: the driver sees ${gpus} GPU(s)`);
+  });
+  const dup = devices.findIndex((d, i) => devices.indexOf(d) !== i);
+  if (dup >= 0) throw invalid(`devices[${dup}]`, `GPU ${devices[dup]} is given to two ranks; each rank needs its own GPU`);
+  return backend === 'cuda' ? (devices as number[]) : undefined;
 }
 
 function checkBackendOption(b: unknown): 'auto' | Backend | undefined {

@@ -20,6 +20,8 @@ export interface NativeInfo {
   seq: number;
   window: bigint;
   peerWindows: bigint[];
+  /** cuda: the rank's GPU, and whether its NCCL communicator is up */
+  device?: { ordinal: number; name: string; nccl: boolean };
   domains: {
     numNvlRanks: number; numRdmaRanks: number; nvlRankIdx: number; rdmaRankIdx: number;
     numScaleupRanks: number; numScaleoutRanks: number; scaleupRankIdx: number; scaleoutRankIdx: number;
@@ -30,6 +32,10 @@ export interface NativeInfo {
 export interface NativeContext {
   exported(): ExportedSegments;
   importPeers(peers: Array<{ deviceFd: number; hostFd: number }>): Promise<void>;
+  /** cuda: rank 0's NCCL unique id (128 bytes); null on host or where NCCL is unavailable */
+  ncclUniqueId(): Promise<Uint8Array | null>;
+  /** cuda: ncclCommInitRank with rank 0's id (every rank together) */
+  ncclInit(id: Uint8Array): Promise<void>;
   info(): NativeInfo;
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
   readWindow(offset: number, length: number): Uint8Array;

@@ -20,6 +20,9 @@ export interface RankInit {
   cpuSeconds: number;
   gpuSeconds: number;
   inspect: boolean;
+  backend: 'host' | 'cuda';
+  /** cuda: the rank's GPU ordinal */
+  device?: number;
 }
 
 export interface DispatchResult {
@@ -216,7 +219,7 @@ export class RankOps {
     return {
       rank,
       worldSize,
-      backend: 'host' as const,
+      backend: this.init.backend,
       tensor,
       barrier: (opts: { withCpuSync?: boolean } = {}) => self.barrier(opts.withCpuSync ?? false),
       allGather: (t: Tensor) => self.allGather(t),

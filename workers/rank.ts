@@ -33,6 +33,8 @@ let nextCall = 1;
 
 const addon = loadAddon();
 const native: NativeContext = new addon.Context({
+  backend: init.backend,
+  ...(init.device !== undefined ? { device: init.device } : {}),
   rank: init.rank,
   worldSize: init.worldSize,
   ranksPerNode: init.ranksPerNode,
@@ -137,6 +139,12 @@ const api = {
   },
   info() {
     return { ...native.info(), state: lastPath };
+  },
+  ncclUniqueId(): Promise<Uint8Array | null> {
+    return native.ncclUniqueId();
+  },
+  ncclInit(id: Uint8Array): Promise<void> {
+    return native.ncclInit(id);
   },
   async register(peers: Array<{ deviceFd: number; hostFd: number }>): Promise<void> {
     const call = newCall();

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -109,6 +110,15 @@ void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call) {
   delete call;
 }
 
+// Runs f on the executor thread and waits for it: CUDA work of a rank happens on that thread only.
+template <typename F>
+auto run_on(Executor& ex, F f) -> decltype(f()) {
+  std::packaged_task<decltype(f())()> task(std::move(f));
+  auto result = task.get_future();
+  ex.post([&task] { task(); });
+  return result.get();
+}
+
 // Operations that produce a typed array pin it last and settle with it.
 Napi::Value resolve_with_output(Napi::Env, Call& call) { return call.keep.back().Value(); }
 
@@ -119,6 +129,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                        {
                            InstanceMethod<&ContextWrap::Exported>("exported"),
                            InstanceMethod<&ContextWrap::ImportPeers>("importPeers"),
+                           InstanceMethod<&ContextWrap::NcclUniqueId>("ncclUniqueId"),
+                           InstanceMethod<&ContextWrap::NcclInit>("ncclInit"),
                            InstanceMethod<&ContextWrap::Info>("info"),
                            InstanceMethod<&ContextWrap::WritePeer>("writePeer"),
                            InstanceMethod<&ContextWrap::ReadWindow>("readWindow"),
@@ -146,6 +158,12 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     if (!info[0].IsObject()) throw_einval(env, "Context needs a config object");
     const Napi::Object o = info[0].As<Napi::Object>();
     ContextConfig cfg;
+    const Napi::Value backend = o.Get("backend");
+    if (!backend.IsUndefined() && !(backend.IsString() && (backend.As<Napi::String>().Utf8Value() == "host" ||
+                                                           backend.As<Napi::String>().Utf8Value() == "cuda")))
+      throw_einval(env, "backend must be 'host' or 'cuda'");
+    cfg.backend = backend.IsString() && backend.As<Napi::String>().Utf8Value() == "cuda" ? Backend::Cuda : Backend::Host;
+    cfg.device = int(get_int(o, "device", -1));
     cfg.rank = int(get_int(o, "rank", 0));
     cfg.world_size = int(get_int(o, "worldSize", 1));
     cfg.ranks_per_node = int(get_int(o, "ranksPerNode", 0));
@@ -155,12 +173,18 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     cfg.hybrid = get_bool(o, "hybrid", true);
     cfg.cpu_timeout_s = get_double(o, "cpuSeconds", 300);
     cfg.gpu_timeout_s = get_double(o, "gpuSeconds", 100);
-    try {
-      ctx_ = std::make_unique<Context>(cfg);
-    } catch (const Error& e) {
-      throw to_js_error(env, e.code, e.what(), e.rank, e.phase);
-    }
     executor_ = std::make_unique<Executor>();
+    try {
+      // On cuda the context is built on the executor thread: the rank's CUDA context is current there.
+      if (cfg.backend == Backend::Cuda) ctx_ = run_on(*executor_, [&cfg] { return std::make_unique<Context>(cfg); });
+      else ctx_ = std::make_unique<Context>(cfg);
+    } catch (const Error& e) {
+      executor_->stop();
+      throw to_js_error(env, e.code, e.what(), e.rank, e.phase);
+    } catch (const std::exception& e) {
+      executor_->stop();
+      throw to_js_error(env, "BACKEND_UNAVAILABLE", e.what(), -1, "");
+    }
     // A terminated worker never calls destroy(): stop the executor and unmap when its env goes away.
     env_ = env;
     napi_add_env_cleanup_hook(env, OnEnvCleanup, this);
@@ -174,12 +198,33 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   void teardown() {
     if (!ctx_) return;
     ctx_->abort.stopping = true;
+    if (ctx_->on_cuda()) {
+      Context* c = ctx_.get();
+      executor_->post([c] { c->destroy(); });  // CUDA and NCCL teardown on the rank's thread
+    }
     executor_->stop();
     ctx_.reset();
   }
   Context& ctx(Napi::Env env) {
     if (!ctx_) throw to_js_error(env, "STATE", "the rank's context is destroyed", -1, "");
     return *ctx_;
+  }
+  // Operations the CUDA backend does not run yet refuse up front (EINVAL: the rank stays usable).
+  Context& host_ctx(Napi::Env env, const char* op) {
+    Context& c = ctx(env);
+    if (c.on_cuda())
+      throw_einval(env, std::string(op) + " is not on cuda yet: backend 'cuda' runs barrier and allGather so far; "
+                                          "use backend 'host' for " + op);
+    return c;
+  }
+  // A synchronous call into the rank's GPU side, on its executor thread.
+  template <typename F>
+  auto on_device(Napi::Env env, F f) -> decltype(f()) {
+    try {
+      return run_on(*executor_, std::move(f));
+    } catch (const Error& e) {
+      throw to_js_error(env, e.code, e.what(), e.rank, e.phase);
+    }
   }
 
   // Schedules `work` on the executor; the returned Promise settles with `finish(env, call)`.
@@ -210,7 +255,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   }
 
   Napi::Value Exported(const Napi::CallbackInfo& info) {
-    const auto e = ctx(info.Env()).mem.exported();
+    const Context& c = ctx(info.Env());
+    const auto e = c.on_cuda() ? c.device->exported() : c.mem.exported();
     Napi::Object o = Napi::Object::New(info.Env());
     o.Set("deviceFd", e.device_fd);
     o.Set("hostFd", e.host_fd);
@@ -229,9 +275,35 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       peers[i] = {int(get_int(o, "deviceFd", -1)), int(get_int(o, "hostFd", -1))};
     }
     return schedule(env, {}, [&c, peers] {
+      if (c.on_cuda()) return c.device->import_peers(peers);  // + NCCL window and a barrier
       c.mem.import_peers(peers);
       ops::barrier(c, false);  // every window is mapped before anyone writes into one
     });
+  }
+
+  // Rank 0's NCCL unique id (128 bytes), or null where NCCL is unavailable or on host.
+  Napi::Value NcclUniqueId(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    auto id = std::make_shared<std::vector<uint8_t>>();
+    return schedule(env, {}, [&c, id] { if (c.on_cuda()) *id = c.device->nccl_unique_id(); },
+                    [id](Napi::Env e, Call&) -> Napi::Value {
+                      if (id->empty()) return e.Null();
+                      auto out = Napi::Uint8Array::New(e, id->size());
+                      std::memcpy(out.Data(), id->data(), id->size());
+                      return out;
+                    });
+  }
+
+  // ncclCommInitRank with rank 0's id; every rank of the group calls it at the same time.
+  Napi::Value NcclInit(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (!info[0].IsTypedArray()) throw_einval(env, "ncclInit needs rank 0's unique id (a Uint8Array)");
+    const auto in = info[0].As<Napi::Uint8Array>();
+    std::vector<uint8_t> id(in.Data(), in.Data() + in.ByteLength());
+    if (!c.on_cuda()) throw_einval(env, "ncclInit: this rank runs on the host backend");
+    return schedule(env, {}, [&c, id] { c.device->nccl_init(id); });
   }
 
   Napi::Value Info(const Napi::CallbackInfo& info) {
@@ -240,18 +312,27 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     Napi::Object o = Napi::Object::New(env);
     o.Set("rank", c.rank());
     o.Set("worldSize", c.world());
-    o.Set("backend", "host");
-    o.Set("memoryKind", memory_kind_name(c.mem.kind()));
+    o.Set("backend", c.on_cuda() ? "cuda" : "host");
+    o.Set("memoryKind", c.on_cuda() ? c.device->memory_kind() : memory_kind_name(c.mem.kind()));
     o.Set("symmetricBytes", Napi::Number::New(env, double(c.sym_bytes)));
     o.Set("workspaceBytes", Napi::Number::New(env, double(c.ws.bytes)));
     o.Set("bufferBytes", Napi::Number::New(env, double(c.buffer_bytes())));
     o.Set("cpuBytes", Napi::Number::New(env, double(c.cpu_bytes)));
-    o.Set("stride", Napi::Number::New(env, double(c.mem.stride())));
     o.Set("seq", Napi::Number::New(env, c.seq));
-    o.Set("window", Napi::BigInt::New(env, uint64_t(reinterpret_cast<uintptr_t>(c.mem.window()))));
+    auto window_of = [&c](int p) {
+      return c.on_cuda() ? c.device->window(p) : uint64_t(reinterpret_cast<uintptr_t>(c.mem.peer_window(p)));
+    };
+    o.Set("stride", Napi::Number::New(env, double(c.on_cuda() ? c.device->stride() : c.mem.stride())));
+    o.Set("window", Napi::BigInt::New(env, window_of(c.rank())));
     Napi::Array peers = Napi::Array::New(env, size_t(c.world()));
-    for (int p = 0; p < c.world(); ++p)
-      peers.Set(uint32_t(p), Napi::BigInt::New(env, uint64_t(reinterpret_cast<uintptr_t>(c.mem.peer_window(p)))));
+    for (int p = 0; p < c.world(); ++p) peers.Set(uint32_t(p), Napi::BigInt::New(env, window_of(p)));
+    if (c.on_cuda()) {
+      Napi::Object g = Napi::Object::New(env);
+      g.Set("ordinal", c.device->device_ordinal());
+      g.Set("name", c.device->device_name());
+      g.Set("nccl", c.device->has_nccl());
+      o.Set("device", g);
+    }
     o.Set("peerWindows", peers);
     Napi::Object d = Napi::Object::New(env);
     d.Set("numNvlRanks", c.dom.num_nvl_ranks);
@@ -274,9 +355,14 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     const int peer = info[0].As<Napi::Number>().Int32Value();
     const int64_t offset = info[1].As<Napi::Number>().Int64Value();
     const auto bytes = info[2].As<Napi::Uint8Array>();
-    const int64_t window_bytes = c.mem.stride();
+    const int64_t window_bytes = c.on_cuda() ? c.device->stride() : c.mem.stride();
     if (peer < 0 || peer >= c.world()) throw_einval(env, "peer out of range");
     if (offset < 0 || offset + int64_t(bytes.ByteLength()) > window_bytes) throw_einval(env, "offset outside the window");
+    if (c.on_cuda()) {
+      const uint8_t* src = bytes.Data();
+      const int64_t n = int64_t(bytes.ByteLength());
+      return Napi::BigInt::New(env, on_device(env, [&c, peer, offset, src, n] { return c.device->write_peer(peer, offset, src, n); }));
+    }
     uint8_t* dst = c.mem.translate(c.mem.window() + offset, peer);
     std::memcpy(dst, bytes.Data(), bytes.ByteLength());
     return Napi::BigInt::New(env, uint64_t(reinterpret_cast<uintptr_t>(dst)));
@@ -287,8 +373,14 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     Context& c = ctx(env);
     const int64_t offset = info[0].As<Napi::Number>().Int64Value();
     const int64_t len = info[1].As<Napi::Number>().Int64Value();
-    if (offset < 0 || len < 0 || offset + len > c.mem.stride()) throw_einval(env, "range outside the window");
+    if (offset < 0 || len < 0 || offset + len > (c.on_cuda() ? c.device->stride() : c.mem.stride()))
+      throw_einval(env, "range outside the window");
     auto out = Napi::Uint8Array::New(env, size_t(len));
+    if (c.on_cuda()) {
+      uint8_t* dst = out.Data();
+      on_device(env, [&c, offset, len, dst] { c.device->read_window(offset, len, dst); });
+      return out;
+    }
     std::memcpy(out.Data(), c.mem.window() + offset, size_t(len));
     return out;
   }
@@ -339,7 +431,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value DispatchNotify(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "dispatch");
     const auto o = info[0].As<Napi::Object>();
     const ops::DispatchInput in = dispatch_input(o);
     auto id = std::make_shared<uint32_t>(0);
@@ -366,7 +458,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value DispatchData(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "dispatch");
     const uint32_t id = info[0].As<Napi::Number>().Uint32Value();
     const auto o = info[1].As<Napi::Object>();
     const auto outs = info[2].As<Napi::Object>();
@@ -392,7 +484,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value Combine(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "combine");
     const auto o = info[0].As<Napi::Object>();
     const auto outs = info[1].As<Napi::Object>();
     ops::CombineInput in;
@@ -410,20 +502,20 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   }
 
   Napi::Value SessionOpen(const Napi::CallbackInfo& info) {
-    Context& c = ctx(info.Env());
+    Context& c = host_ctx(info.Env(), "openSession");
     const int64_t max_bytes = info[0].As<Napi::Number>().Int64Value();
     const int64_t max_ag = info[1].As<Napi::Number>().Int64Value();
     return schedule(info.Env(), {}, [&c, max_bytes, max_ag] { ops::session_open(c, max_bytes, max_ag); });
   }
 
   Napi::Value SessionClose(const Napi::CallbackInfo& info) {
-    Context& c = ctx(info.Env());
+    Context& c = host_ctx(info.Env(), "session close");
     return schedule(info.Env(), {}, [&c] { ops::session_close(c); });
   }
 
   Napi::Value SessionAllGather(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "session allGather");
     const auto in = info[0].As<Napi::Uint8Array>();
     auto out = Napi::Uint8Array::New(env, in.ByteLength() * size_t(c.world()));
     const uint8_t* src = in.Data();
@@ -436,7 +528,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   // (input typed array of W*n elements, bf16?) -> output typed array of n elements
   Napi::Value SessionReduceScatter(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "session reduceScatter");
     const auto in = info[0].As<Napi::TypedArray>();
     const bool bf16 = info[1].ToBoolean().Value();
     const int64_t esz = bf16 ? 2 : 4;
@@ -452,7 +544,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value EngramWrite(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "engramWrite");
     const auto table = info[0].As<Napi::TypedArray>();
     const int64_t entries = info[1].As<Napi::Number>().Int64Value();
     const int64_t row_bytes = info[2].As<Napi::Number>().Int64Value();
@@ -462,7 +554,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value EngramFetch(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "engramFetch");
     const auto ids = info[0].As<Napi::Int32Array>();
     if (c.engram_entries < 0) throw to_js_error(env, "STATE", "engramFetch before engramWrite: no table is stored", -1, "");
     auto out = Napi::Uint8Array::New(env, ids.ElementLength() * size_t(c.engram_row_bytes));
@@ -475,7 +567,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value PpExchange(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = ctx(env);
+    Context& c = host_ctx(env, "ppExchange");
     const auto in = info[0].As<Napi::Uint8Array>();
     auto out = Napi::Uint8Array::New(env, in.ByteLength());
     const uint8_t* src = in.Data();

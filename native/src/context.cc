@@ -22,6 +22,12 @@ const char* phase_name(uint64_t phase) {
   }
 }
 
+namespace {
+DeviceBackendFactory g_device_factory = nullptr;
+}
+
+void set_device_backend_factory(DeviceBackendFactory f) { g_device_factory = f; }
+
 Domains Domains::make(int rank, int world, int nvl_ranks, bool hybrid) {
   Domains d{};
   d.num_nvl_ranks = nvl_ranks > 0 ? nvl_ranks : world;
@@ -54,12 +60,20 @@ Context::Context(const ContextConfig& c) : cfg(c) {
            "buffer.bytes (" + std::to_string(c.num_bytes) + ") leaves no room after the " + std::to_string(ws.bytes) +
                "-byte workspace");
   cpu_bytes = align_up(c.cpu_bytes, kAlignment);
+  if (c.backend == Backend::Cuda) {
+    RF_CHECK(g_device_factory != nullptr, "BACKEND_UNAVAILABLE",
+             "backend 'cuda' is unavailable: this build of the addon has no CUDA backend (cuda.h was not found "
+             "at build time; set CUDA_HOME and rebuild with `npm run build`)");
+    device = g_device_factory(*this);  // on the rank's executor thread: its CUDA context becomes current
+    return;
+  }
   mem.create(c.rank, c.world_size, sym_bytes, cpu_bytes, choose_memory_kind(cpu_bytes, c.hybrid), dom.num_scaleup_ranks);
 }
 
 void Context::destroy() {
   abort.stopping = true;
   layouts.clear();
+  if (device) device->destroy();
   mem.destroy();
 }
 

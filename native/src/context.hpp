@@ -16,7 +16,11 @@
 
 namespace rankflow {
 
+enum class Backend { Host, Cuda };
+
 struct ContextConfig {
+  Backend backend = Backend::Host;
+  int device = -1;         // cuda: the rank's GPU ordinal; -1 = rank % GPU count
   int rank = 0;
   int world_size = 1;
   int ranks_per_node = 0;  // physical NVLink (scale-up) domain size; 0 = the whole world
@@ -63,6 +67,38 @@ struct Session {
   int64_t cursor = 0;          // next free byte of the session region (fresh region per collective)
 };
 
+class Context;
+
+// The GPU side of a rank (backend 'cuda'), implemented by native/src/gpu/ and linked in only when the
+// build found cuda.h. Every method runs on the rank's executor thread, where its CUDA context is current.
+class DeviceBackend {
+ public:
+  virtual ~DeviceBackend() = default;
+  virtual ExportedSegments exported() const = 0;
+  // Maps every peer's segments, registers the NCCL window (collective) and runs a barrier.
+  virtual void import_peers(const std::vector<ExportedSegments>& peers) = 0;
+  // 128 bytes from ncclGetUniqueId (rank 0 calls it), or empty where NCCL is unavailable.
+  virtual std::vector<uint8_t> nccl_unique_id() = 0;
+  // ncclCommInitRank with rank 0's id: every rank calls it together.
+  virtual void nccl_init(const std::vector<uint8_t>& id) = 0;
+  virtual void barrier(bool cpu_round) = 0;
+  virtual void all_gather(const uint8_t* in, int64_t bytes, uint8_t* out) = 0;
+  virtual void read_window(int64_t offset, int64_t len, uint8_t* out) = 0;
+  virtual uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) = 0;
+  virtual const char* memory_kind() const = 0;
+  virtual int64_t stride() const = 0;
+  virtual uint64_t window(int peer) const = 0;
+  virtual int device_ordinal() const = 0;
+  virtual std::string device_name() const = 0;
+  virtual bool has_nccl() const = 0;
+  // Frees everything (NCCL communicator, window, kernels, memory, context). Idempotent; works after
+  // a kernel trap. Runs on the executor thread.
+  virtual void destroy() noexcept = 0;
+};
+using DeviceBackendFactory = std::unique_ptr<DeviceBackend> (*)(Context& c);
+// Set by the CUDA part of the addon when it is linked in (RegisterCuda).
+void set_device_backend_factory(DeviceBackendFactory f);
+
 class Context {
  public:
   explicit Context(const ContextConfig& cfg);
@@ -74,7 +110,8 @@ class Context {
   BufferLayout buf;
   int64_t sym_bytes = 0;       // workspace + buffer
   int64_t cpu_bytes = 0;       // aligned host segment bytes
-  HostSymmetricMemory mem;
+  HostSymmetricMemory mem;                 // backend 'host'
+  std::unique_ptr<DeviceBackend> device;   // backend 'cuda' (null on host)
   AbortFlag abort;
   uint32_t seq = 0;            // collectives done; identical on every rank
   Session session;
@@ -84,6 +121,7 @@ class Context {
 
   int rank() const { return cfg.rank; }
   int world() const { return cfg.world_size; }
+  bool on_cuda() const { return device != nullptr; }
   uint32_t next_seq() { return ++seq; }
   void destroy();
 

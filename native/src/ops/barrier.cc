@@ -6,6 +6,7 @@
 namespace rankflow::ops {
 
 void barrier(Context& c, bool cpu_round) {
+  if (c.on_cuda()) return c.device->barrier(cpu_round);  // kernels: native/src/gpu/rank.cc
   if (cpu_round) {
     // DeepEP's with_cpu_sync: after the device barrier (same seq), a rendezvous the CPUs wait on.
     const uint32_t s = c.seq;
@@ -19,6 +20,7 @@ void barrier(Context& c, bool cpu_round) {
 }
 
 void all_gather(Context& c, const uint8_t* in, int64_t bytes, uint8_t* out) {
+  if (c.on_cuda()) return c.device->all_gather(in, bytes, out);
   RF_CHECK(bytes * c.world() <= c.buffer_bytes(), "EINVAL",
            "allGather of " + std::to_string(bytes) + " bytes per rank needs " + std::to_string(bytes * c.world()) +
                " buffer bytes; the buffer has " + std::to_string(c.buffer_bytes()) + " (raise buffer.bytes)");

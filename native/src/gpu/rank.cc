@@ -1,0 +1,394 @@
+// The CUDA side of a rank (backend 'cuda'): the rank's primary context on its GPU, GPU symmetric
+// memory (cuda::SymmetricMemory, the same kinds, windows and flat VA as the host backend), the
+// kernels, a stream, the mapped host workspace where a trapping kernel leaves its Diagnostic, and
+// one NCCL communicator with the device segment registered as a window.
+// Every method runs on the rank's executor thread, which made the context current when it built this
+// object (CUDA's current context is per thread).
+#include "rank.hpp"
+
+#include <sched.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "../cuda/device.hpp"
+#include "../cuda/driver.hpp"
+#include "../cuda/host_workspace.hpp"
+#include "../cuda/kernels.hpp"
+#include "../cuda/launch.hpp"
+#include "../cuda/nccl.hpp"
+#include "../cuda/symmetric.hpp"
+#include "../host/signals.hpp"
+
+namespace rankflow::gpu {
+namespace {
+
+using cuda::driver;
+
+// A cuda::CudaError as the core's Error: preconditions keep their code (EINVAL refuses an op and
+// leaves the rank usable; BACKEND_UNAVAILABLE), a failed driver or NCCL call fails the rank.
+Error to_error(const cuda::CudaError& e, int rank) {
+  if (e.code == "EINVAL" || e.code == "BACKEND_UNAVAILABLE") return Error(e.code, e.what());
+  return Error("RANK_FAILED", "rank " + std::to_string(rank) + ": " + e.what(), rank);
+}
+
+template <typename F>
+auto translating(int rank, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const cuda::CudaError& e) {
+    throw to_error(e, rank);
+  }
+}
+
+const char* counter_of(uint64_t phase) {
+  switch (phase) {
+    case kPhaseBarrier: return "barrier";
+    case kPhaseEnter: return "enter";
+    case kPhaseAllGather: return "done";
+    default: return "slot";
+  }
+}
+
+std::string hex(uint64_t v) {
+  char s[32];
+  snprintf(s, sizeof s, "0x%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+
+class CudaRank final : public DeviceBackend {
+ public:
+  explicit CudaRank(Context& c) : c_(c) {
+    translating(c.rank(), [&] {
+      try {
+        create();
+      } catch (...) {
+        destroy();
+        throw;
+      }
+    });
+  }
+  ~CudaRank() override { destroy(); }
+
+  ExportedSegments exported() const override {
+    const cuda::ExportedSegments e = mem_.exported();
+    return {e.device_fd, e.host_fd};
+  }
+
+  void import_peers(const std::vector<ExportedSegments>& peers) override {
+    check_alive("registerWindow");
+    translating(rank(), [&] {
+      std::vector<cuda::ExportedSegments> fds(peers.size());
+      for (size_t p = 0; p < peers.size(); ++p) fds[p] = {peers[p].device_fd, peers[p].host_fd};
+      mem_.import_peers(fds);  // same process: the fds are borrowed, closed by their owner at destroy
+      if (comm_ != nullptr) {
+        // Collective: every rank registers its device segment at the same time.
+        RF_NCCL(ncclCommWindowRegister, comm_, reinterpret_cast<void*>(mem_.window()), size_t(mem_.device_bytes()),
+                &window_, cuda::kNcclWinCollSymmetric);
+      }
+    });
+    barrier(false);  // every window is mapped before anyone writes into one
+  }
+
+  std::vector<uint8_t> nccl_unique_id() override {
+    std::string why;
+    if (!cuda::nccl_available(&why)) return {};
+    return translating(rank(), [&] {
+      cuda::ncclUniqueId id;
+      RF_NCCL(ncclGetUniqueId, &id);
+      return std::vector<uint8_t>(id.internal, id.internal + sizeof(id.internal));
+    });
+  }
+
+  void nccl_init(const std::vector<uint8_t>& id) override {
+    check_alive("ncclInit");
+    RF_CHECK(id.size() == RF_NCCL_UNIQUE_ID_BYTES, "EINVAL",
+             "ncclInit needs the 128-byte NCCL unique id of rank 0, got " + std::to_string(id.size()) + " bytes");
+    RF_CHECK(comm_ == nullptr, "STATE", "rank " + std::to_string(rank()) + " already has an NCCL communicator");
+    translating(rank(), [&] {
+      cuda::ncclUniqueId uid;
+      std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
+      RF_NCCL(ncclCommInitRank, &comm_, c_.world(), uid, rank());
+    });
+  }
+
+  void barrier(bool cpu_round) override {
+    check_alive(cpu_round ? "barrier (CPU sync)" : "barrier");
+    if (cpu_round) return cpu_barrier();
+    translating(rank(), [&] {
+      cuda::SignalArgs a = signal_args(c_.next_seq());
+      cuda::launch_barrier(*kernels_, stream_, a);
+    });
+    sync(a_seq_);
+  }
+
+  void all_gather(const uint8_t* in, int64_t bytes, uint8_t* out) override {
+    check_alive("allGather");
+    const int W = c_.world();
+    // The kernel moves 16-byte vectors: each rank's part is padded to 16 bytes in the buffer, and my
+    // input is staged (host -> device) right behind the W gathered parts.
+    const int64_t padded = align_up(bytes > 0 ? bytes : 16, 16);
+    const int64_t gather = c_.ws.bytes;  // window offset of the buffer
+    const int64_t staging = gather + align_up(padded * W, kRegionAlignment);
+    RF_CHECK(staging + padded <= c_.sym_bytes, "EINVAL",
+             "allGather of " + std::to_string(bytes) + " bytes per rank on cuda needs " +
+                 std::to_string(staging + padded - gather) + " buffer bytes (" + std::to_string(W) +
+                 " parts padded to 16 bytes and a staging area); the buffer has " + std::to_string(c_.buffer_bytes()) +
+                 " (raise buffer.bytes)");
+    translating(rank(), [&] {
+      const CUdeviceptr src = mem_.window() + CUdeviceptr(staging);
+      if (bytes > 0) RF_CU(cuMemcpyHtoDAsync, src, in, size_t(bytes), stream_);
+      if (padded > bytes) RF_CU(cuMemsetD8Async, src + CUdeviceptr(bytes), 0, size_t(padded - bytes), stream_);
+      cuda::SignalArgs a = signal_args(c_.next_seq());
+      cuda::launch_all_gather(*kernels_, stream_, a, src, padded, gather, arrivals_, 0, dev_->sm_count());
+    });
+    sync(a_seq_);
+    translating(rank(), [&] {
+      if (bytes == 0) return;
+      if (padded == bytes) {
+        RF_CU(cuMemcpyDtoH, out, mem_.window() + CUdeviceptr(gather), size_t(bytes * W));
+        return;
+      }
+      for (int p = 0; p < W; ++p)
+        RF_CU(cuMemcpyDtoH, out + int64_t(p) * bytes, mem_.window() + CUdeviceptr(gather + int64_t(p) * padded),
+              size_t(bytes));
+    });
+  }
+
+  void read_window(int64_t offset, int64_t len, uint8_t* out) override {
+    check_alive("readWindow");
+    if (len > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out, mem_.window() + CUdeviceptr(offset), size_t(len)); });
+  }
+
+  uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override {
+    check_alive("writePeer");
+    const CUdeviceptr dst = mem_.translate(mem_.window() + CUdeviceptr(offset), peer);
+    if (len > 0) translating(rank(), [&] { RF_CU(cuMemcpyHtoD, dst, src, size_t(len)); });
+    return uint64_t(dst);
+  }
+
+  const char* memory_kind() const override { return cuda::memory_kind_name(mem_.kind()); }
+  int64_t stride() const override { return mem_.stride(); }
+  uint64_t window(int peer) const override { return uint64_t(mem_.peer_base(peer)); }
+  int device_ordinal() const override { return ordinal_; }
+  std::string device_name() const override { return dev_ ? dev_->name() : std::string(); }
+  bool has_nccl() const override { return comm_ != nullptr; }
+
+  void destroy() noexcept override {
+    if (destroyed_) return;
+    destroyed_ = true;
+    try {
+      if (dev_) dev_->make_current();
+    } catch (...) {
+    }
+    if (comm_ != nullptr) {
+      try {
+        const cuda::Nccl& n = cuda::nccl();
+        // Deregistering and destroying are collective: only when every peer is tearing down too.
+        // After a trap or a peer's failure nobody may answer: abort, which is local.
+        if (dead_ || c_.abort.failed_rank.load() >= 0) {
+          n.ncclCommAbort(comm_);
+        } else {
+          if (window_ != nullptr) n.ncclCommWindowDeregister(comm_, window_);
+          n.ncclCommDestroy(comm_);
+        }
+      } catch (...) {
+      }
+      comm_ = nullptr;
+      window_ = nullptr;
+    }
+    kernels_.reset();
+    try {
+      const cuda::Driver& d = driver();
+      if (stream_ != nullptr) d.cuStreamDestroy(stream_);
+      if (scratch_ != 0) d.cuMemFree(scratch_);
+    } catch (...) {
+    }
+    stream_ = nullptr;
+    scratch_ = 0;
+    diag_.destroy();
+    mem_.destroy();
+    dev_.reset();  // releases the primary context (a trapped one is reset once nobody holds it)
+  }
+
+ private:
+  int rank() const { return c_.rank(); }
+
+  void create() {
+    const cuda::Driver& d = driver();
+    ordinal_ = c_.cfg.device >= 0 ? c_.cfg.device : rank() % d.device_count;
+    dev_ = std::make_unique<cuda::DeviceContext>(ordinal_);  // retains the primary context, makes it current
+    const auto kind = cuda::choose_memory_kind(c_.cpu_bytes, c_.cfg.hybrid);
+    mem_.create(rank(), c_.world(), *dev_, c_.sym_bytes, c_.cpu_bytes, kind, c_.dom.num_scaleup_ranks);
+    kernels_ = std::make_unique<cuda::Kernels>();
+    RF_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING);
+    diag_.create(4096);
+    // Device scratch: the peer table kernels take, then the allGather's arrivals word.
+    const std::vector<uint64_t> table = mem_.peer_table();
+    const size_t table_bytes = align_up(int64_t(table.size() * sizeof(uint64_t)), 256);
+    RF_CU(cuMemAlloc, &scratch_, table_bytes + 256);
+    arrivals_ = scratch_ + table_bytes;
+    RF_CU(cuMemcpyHtoD, scratch_, table.data(), table.size() * sizeof(uint64_t));
+    RF_CU(cuMemsetD8Async, arrivals_, 0, 256, stream_);
+    // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
+    RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
+    RF_CU(cuStreamSynchronize, stream_);
+  }
+
+  cuda::SignalArgs signal_args(uint32_t seq) {
+    cuda::SignalArgs a;
+    a.peer_table = scratch_;
+    a.workspace_offset = 0;
+    a.ws = c_.ws;
+    a.rank = rank();
+    a.seq = seq;
+    a.timeout_ns = uint64_t(c_.cfg.gpu_timeout_s * 1e9);
+    a.diag = diag_.device();
+    a_seq_ = seq;
+    return a;
+  }
+
+  void check_alive(const char* what) const {
+    if (dead_)
+      throw Error("RANK_FAILED",
+                  "rank " + std::to_string(rank()) + " cannot run " + what + ": its GPU context is dead (" + death_ +
+                      "); destroy the group",
+                  rank());
+  }
+
+  // Waits for the stream with the CPU polling (not cuStreamSynchronize), so that a peer's failure or
+  // the rank's teardown is seen while a kernel still waits on the device.
+  void sync(uint32_t seq) {
+    using clock = std::chrono::steady_clock;
+    const cuda::Driver& d = driver();
+    const auto start = clock::now();
+    bool released = false;
+    for (uint64_t spin = 0;; ++spin) {
+      const CUresult r = d.cuStreamQuery(stream_);
+      if (r == CUDA_SUCCESS) break;
+      if (r != CUDA_ERROR_NOT_READY) fail_stream(r);
+      if (!released && (c_.abort.failed_rank.load(std::memory_order_relaxed) >= 0 ||
+                        c_.abort.stopping.load(std::memory_order_relaxed))) {
+        release_waits(seq);
+        released = true;
+      }
+      if (spin < 4096) continue;
+      const double waited = std::chrono::duration<double>(clock::now() - start).count();
+      if (waited < 0.002) sched_yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(waited > 0.1 ? 200 : 20));
+    }
+    if (released) {
+      // The slots now hold a far-future epoch: this rank's protocol state is gone for good.
+      dead_ = true;
+      const int failed = c_.abort.failed_rank.load();
+      death_ = failed >= 0 ? "released after rank " + std::to_string(failed) + " failed" : "released at teardown";
+      if (failed >= 0)
+        throw Error("RANK_FAILED",
+                    "rank " + std::to_string(failed) + " failed while rank " + std::to_string(rank()) +
+                        " waited on the GPU",
+                    failed);
+      throw Error("RANK_FAILED", "rank " + std::to_string(rank()) + " is shutting down", rank());
+    }
+  }
+
+  // A kernel waiting for peers that will never come is let go: my own slots get an epoch far past
+  // seq (the kernels compare epochs by signed distance), on the null stream, which does not wait for
+  // the rank's non-blocking stream.
+  void release_waits(uint32_t seq) noexcept {
+    try {
+      std::vector<uint64_t> row(size_t(c_.world()) * (kSlotBytes / sizeof(uint64_t)), 0);
+      const uint64_t v = encode_signal(seq + 0x40000000u, 0);
+      for (int p = 0; p < c_.world(); ++p) row[size_t(p) * (kSlotBytes / sizeof(uint64_t))] = v;
+      for (int64_t array : {c_.ws.barrier, c_.ws.enter, c_.ws.done})
+        driver().cuMemcpyHtoD(mem_.window() + CUdeviceptr(array), row.data(), row.size() * sizeof(uint64_t));
+    } catch (...) {
+    }
+  }
+
+  // A launch failed: a kernel trapped after a device-side wait timed out (the Diagnostic says which),
+  // or faulted. Either way the context is dead.
+  [[noreturn]] void fail_stream(CUresult r) {
+    dead_ = true;
+    const std::string name = cuda::error_name(r);
+    const auto* diag = diag_.host_at<volatile Diagnostic>(0);
+    if (diag->code == 1) {
+      const uint64_t phase = diag->phase;
+      const int peer = int(diag->peer);
+      death_ = "a kernel trapped with " + name;
+      throw Error("TIMEOUT_GPU",
+                  "device-phase wait of rank " + std::to_string(rank()) + " in " + phase_name(phase) +
+                      " timed out after " + std::to_string(c_.cfg.gpu_timeout_s) + " s on counter " +
+                      counter_of(phase) + "[from rank " + std::to_string(peer) + "] (last value " + hex(diag->value) +
+                      "); the kernel trapped (" + name + ") and GPU " + std::to_string(ordinal_) +
+                      "'s context of rank " + std::to_string(rank()) + " is dead: destroy the group",
+                  peer, phase_name(phase));
+    }
+    death_ = "a kernel failed with " + name;
+    throw Error("RANK_FAILED",
+                "rank " + std::to_string(rank()) + ": a kernel failed with " + name +
+                    " (no timeout was recorded: a fault); the GPU context is dead: destroy the group",
+                rank());
+  }
+
+  // Barrier with CPU sync, after the device round under the same seq: the CPUs write cpu_barrier
+  // into every peer's window and poll their own slots, with the CPU timeout.
+  void cpu_barrier() {
+    using clock = std::chrono::steady_clock;
+    const uint32_t s = c_.seq;
+    translating(rank(), [&] {
+      const uint64_t v = encode_signal(s, 0);
+      for (int p = 0; p < c_.world(); ++p)
+        if (p != rank())
+          RF_CU(cuMemcpyHtoD, mem_.peer_base(p) + CUdeviceptr(c_.ws.slot(c_.ws.cpu_barrier, rank())), &v, sizeof v);
+    });
+    for (int p = 0; p < c_.world(); ++p) {
+      if (p == rank()) continue;
+      const CUdeviceptr slot = mem_.window() + CUdeviceptr(c_.ws.slot(c_.ws.cpu_barrier, p));
+      const auto start = clock::now();
+      for (uint64_t spin = 0;; ++spin) {
+        uint64_t v = 0;
+        translating(rank(), [&] { RF_CU(cuMemcpyDtoH, &v, slot, sizeof v); });
+        if (seq_reached(v, s)) break;
+        if (c_.abort.stopping.load(std::memory_order_relaxed))
+          throw Error("RANK_FAILED", "rank " + std::to_string(rank()) + " is shutting down", rank(),
+                      phase_name(kPhaseCpuBarrier));
+        const int failed = c_.abort.failed_rank.load(std::memory_order_relaxed);
+        if (failed >= 0)
+          throw Error("RANK_FAILED",
+                      "rank " + std::to_string(failed) + " failed while rank " + std::to_string(rank()) +
+                          " waited in barrier (CPU sync) on cpu_barrier[from rank " + std::to_string(p) + "]",
+                      failed, phase_name(kPhaseCpuBarrier));
+        const double waited = std::chrono::duration<double>(clock::now() - start).count();
+        if (waited > c_.cfg.cpu_timeout_s)
+          throw Error("TIMEOUT_CPU",
+                      "CPU-sync wait of rank " + std::to_string(rank()) + " in barrier (CPU sync) timed out after " +
+                          std::to_string(c_.cfg.cpu_timeout_s) + " s on counter cpu_barrier[from rank " +
+                          std::to_string(p) + "] (last value " + hex(v) + ")",
+                      p, phase_name(kPhaseCpuBarrier));
+        if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(waited > 0.01 ? 100 : 5));
+      }
+    }
+  }
+
+  Context& c_;
+  int ordinal_ = -1;
+  std::unique_ptr<cuda::DeviceContext> dev_;
+  cuda::SymmetricMemory mem_;
+  std::unique_ptr<cuda::Kernels> kernels_;
+  CUstream stream_ = nullptr;
+  cuda::HostWorkspace diag_;
+  CUdeviceptr scratch_ = 0, arrivals_ = 0;
+  cuda::ncclComm_t comm_ = nullptr;
+  cuda::ncclWindow_t window_ = nullptr;
+  uint32_t a_seq_ = 0;
+  bool dead_ = false, destroyed_ = false;
+  std::string death_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceBackend> make_cuda_rank(Context& c) { return std::make_unique<CudaRank>(c); }
+
+}  // namespace rankflow::gpu

@@ -1,0 +1,95 @@
+// RegisterCuda: what the CUDA part adds to the addon (addon.cc calls it through a weak symbol):
+// `cudaProbe()` for `rankflow doctor` and backend selection, and the factory that lets a Context
+// be created with backend 'cuda'.
+#include <napi.h>
+
+#include <string>
+
+#include "../cuda/driver.hpp"
+#include "../cuda/kernel_images.hpp"
+#include "../cuda/nccl.hpp"
+#include "rank.hpp"
+
+namespace rankflow::gpu {
+namespace {
+
+// What the machine offers, without throwing and without creating or retaining any context: the
+// driver is loaded and initialised (cuInit), GPUs are queried by attribute, NCCL is dlopen'ed.
+Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("groups", true);
+  std::string reason;
+  try {
+    std::size_t images = 0;
+    cuda::kernel_images(&images);
+    Napi::Object k = Napi::Object::New(env);
+    k.Set("images", Napi::Number::New(env, double(images)));
+    k.Set("note", cuda::kernel_build_note());
+    o.Set("kernels", k);
+    if (images == 0) reason = std::string("the CUDA kernels are ") + cuda::kernel_build_note();
+
+    std::string why;
+    Napi::Object n = Napi::Object::New(env);
+    if (cuda::nccl_available(&why)) {
+      const cuda::Nccl& nc = cuda::nccl();
+      n.Set("path", nc.library);
+      n.Set("version", cuda::nccl_version_string(nc.version));
+      n.Set("origin", nc.origin);
+    } else {
+      n.Set("reason", why);
+    }
+    o.Set("nccl", n);
+
+    if (!cuda::driver_available(&why)) {
+      o.Set("devices", 0);
+      if (reason.empty()) reason = why;
+    } else {
+      const cuda::Driver& d = cuda::driver();
+      o.Set("devices", d.device_count);
+      o.Set("driver", d.library);
+      o.Set("driverVersion", std::to_string(d.version / 1000) + "." + std::to_string(d.version % 1000 / 10));
+      Napi::Array gpus = Napi::Array::New(env, size_t(d.device_count));
+      for (int i = 0; i < d.device_count; ++i) {
+        CUdevice dev = 0;
+        RF_CU(cuDeviceGet, &dev, i);
+        char name[256] = {};
+        RF_CU(cuDeviceGetName, name, int(sizeof(name)), dev);
+        auto attr = [&](CUdevice_attribute a) {
+          int v = 0;
+          RF_CU(cuDeviceGetAttribute, &v, a, dev);
+          return v;
+        };
+        const int major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+        const int minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+        const bool vmm = attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0 &&
+                         attr(CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED) != 0;
+        Napi::Object g = Napi::Object::New(env);
+        g.Set("ordinal", i);
+        g.Set("name", std::string(name));
+        g.Set("arch", "sm_" + std::to_string(major * 10 + minor));
+        g.Set("sms", attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT));
+        g.Set("numaNode", attr(CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID));
+        g.Set("vmmPosixFd", vmm);
+        gpus.Set(uint32_t(i), g);
+        if (!vmm && reason.empty())
+          reason = "GPU " + std::to_string(i) + " (" + name +
+                   ") lacks virtual memory management with POSIX-fd handles, which symmetric memory needs";
+      }
+      o.Set("gpus", gpus);
+    }
+  } catch (const std::exception& e) {
+    if (reason.empty()) reason = e.what();
+  }
+  o.Set("available", reason.empty());
+  if (!reason.empty()) o.Set("reason", reason);
+  return o;
+}
+
+}  // namespace
+}  // namespace rankflow::gpu
+
+void RegisterCuda(Napi::Env env, Napi::Object exports) {
+  rankflow::set_device_backend_factory(&rankflow::gpu::make_cuda_rank);
+  exports.Set("cudaProbe", Napi::Function::New(env, rankflow::gpu::CudaProbe));
+}
