@@ -155,20 +155,30 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe
       for (int u = 0; u < kReduceUnroll; ++u)
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
+      // Two source ranks at a time (in rank order), so that twice the loads are in flight.
       uint64_t m = mask;
       while (m != 0) {
-        const int p = __ffsll(static_cast<long long>(m)) - 1;
+        const int p0 = __ffsll(static_cast<long long>(m)) - 1;
         m &= m - 1;
-        const char* src = p == rank ? x + local_row * row : cx + (int64_t(p) * maxT + t) * row;
-        int4 v[kReduceUnroll];
+        const int p1 = m != 0 ? __ffsll(static_cast<long long>(m)) - 1 : -1;
+        if (p1 >= 0) m &= m - 1;
+        const char* src0 = p0 == rank ? x + local_row * row : cx + (int64_t(p0) * maxT + t) * row;
+        const char* src1 = p1 == rank ? x + local_row * row : cx + (int64_t(p1) * maxT + t) * row;
+        int4 v0[kReduceUnroll], v1[kReduceUnroll];
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const int64_t i = base + u * kWarpSize + lane;
-          if (i < nvec) v[u] = ld_v4(src + i * 16);
+          if (i < nvec) {
+            v0[u] = ld_v4(src0 + i * 16);
+            if (p1 >= 0) v1[u] = ld_v4(src1 + i * 16);
+          }
         }
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u)
-          if (base + u * kWarpSize + lane < nvec) add8(acc[u], v[u]);
+          if (base + u * kWarpSize + lane < nvec) {
+            add8(acc[u], v0[u]);
+            if (p1 >= 0) add8(acc[u], v1[u]);
+          }
       }
       const char* biases[2] = {bias0, bias1};
 #pragma unroll

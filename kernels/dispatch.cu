@@ -25,11 +25,11 @@ constexpr int kNotifyThreads = 1024;
 constexpr int kUnroll = 8;  // 16-byte loads in flight per lane before the stores
 }  // namespace
 
-// Dynamic shared memory: num_experts ints.
+// Dynamic shared memory: num_experts ints, then num_tokens uint64 masks (8-byte aligned).
 extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
     moe::MoeArgs a, moe::MoeState st, const int32_t* __restrict__ topk_idx, int64_t num_tokens,
     uint64_t* host_counts) {
-  extern __shared__ int expert_cnt[];
+  extern __shared__ uint64_t smem[];
   __shared__ uint64_t peers[kMaxRanks];
   __shared__ int warp_sums[32];
   __shared__ int send_cnt[kMaxRanks];
@@ -39,30 +39,56 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   const int lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
   const int T = int(num_tokens);
+  uint64_t* masks = smem;                                        // [T]
+  int* expert_cnt = reinterpret_cast<int*>(smem + T);            // [E]
   for (int p = tid; p < W; p += nt) peers[p] = a.peer_table[p];
   for (int e = tid; e < E; e += nt) expert_cnt[e] = 0;
   __syncthreads();
 
-  // 1. Routing: the ranks each token goes to, and the topk entries naming each expert.
+  // 1. Routing: the ranks each token goes to (a thread per token: coalesced reads of topk_idx), and
+  //    the topk entries naming each expert. Masks stay in shared memory; the state gets a copy.
+  const bool vec8 = K == 8 && (reinterpret_cast<uintptr_t>(topk_idx) & 15) == 0;
   for (int t = tid; t < T; t += nt) {
+    int ids[8];
+    const int32_t* row = topk_idx + int64_t(t) * K;
+    if (vec8) {  // the common case: two 16-byte loads in flight at once
+      const int4 lo = __ldg(reinterpret_cast<const int4*>(row));
+      const int4 hi = __ldg(reinterpret_cast<const int4*>(row) + 1);
+      ids[0] = lo.x; ids[1] = lo.y; ids[2] = lo.z; ids[3] = lo.w;
+      ids[4] = hi.x; ids[5] = hi.y; ids[6] = hi.z; ids[7] = hi.w;
+    }
     uint64_t mask = 0;
-    for (int k = 0; k < K; ++k) {
-      const int e = topk_idx[int64_t(t) * K + k];
-      if (e < 0 || e >= E) continue;
+    auto count = [&](int e) {
+      if (e < 0 || e >= E) return;
       mask |= uint64_t(1) << (e / epr);
       atomicAdd(&expert_cnt[e], 1);
+    };
+    if (vec8) {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) count(ids[k]);
+    } else {
+      for (int k = 0; k < K; ++k) count(__ldg(row + k));
     }
+    masks[t] = mask;
     st.dest_mask[t] = mask;
   }
   __syncthreads();
-
-  // 2. Per destination, each token's index among the tokens sent there: an exclusive scan over
-  //    contiguous chunks of tokens (thread order = token order).
   const int chunk = (T + nt - 1) / nt;
   const int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
+
+  // 2. Counts into every receiver's workspace: the expert counts (relaxed), then, after a fence, the
+  //    rank count (release). Receivers wait on every slot by sequence, as the host does.
+  for (int i = tid; i < W * epr; i += nt) {
+    const int p = i / epr, e = i % epr;
+    volatile uint64_t* slot =
+        reinterpret_cast<volatile uint64_t*>(ws_base(a, peers, p) + uint64_t(a.ws.expert_slot(rank, e)));
+    *slot = encode_signal(a.seq, expert_cnt[p * epr + e]);
+  }
+  // Per destination, each token's index among the tokens sent there: an exclusive scan over the
+  // contiguous chunks (thread order = token order).
   for (int p = 0; p < W; ++p) {
     int c = 0;
-    for (int t = t0; t < t1; ++t) c += int((st.dest_mask[t] >> p) & 1);
+    for (int t = t0; t < t1; ++t) c += int((masks[t] >> p) & 1);
     int incl = c;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
@@ -73,49 +99,33 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
     __syncthreads();
     if (warp == 0) {
       const int v = lane < nwarps ? warp_sums[lane] : 0;
-      int s = v;
+      int sum = v;
 #pragma unroll
       for (int d = 1; d < 32; d <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, s, d);
-        if (lane >= d) s += u;
+        const int u = __shfl_up_sync(0xffffffffu, sum, d);
+        if (lane >= d) sum += u;
       }
-      if (lane < nwarps) warp_sums[lane] = s - v;
-      if (lane == 31) send_cnt[p] = s;
+      if (lane < nwarps) warp_sums[lane] = sum - v;
+      if (lane == 31) send_cnt[p] = sum;
     }
     __syncthreads();
     int pos = warp_sums[warp] + incl - c;
-    for (int t = t0; t < t1; ++t)
-      st.send_slot[int64_t(t) * W + p] = ((st.dest_mask[t] >> p) & 1) ? pos++ : -1;
+    for (int t = t0; t < t1; ++t) st.send_slot[int64_t(t) * W + p] = ((masks[t] >> p) & 1) ? pos++ : -1;
     __syncthreads();  // warp_sums is reused by the next destination
   }
-
-  // 3. Counts into every receiver's workspace: the expert counts, then the rank count (release).
-  for (int i = tid; i < W * epr; i += nt) {
-    const int p = i / epr, e = i % epr;
-    st_release_sys(reinterpret_cast<uint64_t*>(ws_base(a, peers, p) + uint64_t(a.ws.expert_slot(rank, e))),
-                   encode_signal(a.seq, expert_cnt[p * epr + e]));
-  }
-  __syncthreads();
   if (tid < W) {
-    __threadfence_system();
+    __threadfence_system();  // the expert counts (stored before the barrier above) come first
     st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.rank_count, rank),
                    encode_signal(a.seq, send_cnt[tid]));
     st.send_count[tid] = send_cnt[tid];
   }
   __syncthreads();  // expert_cnt is reused below
 
-  // 4. Every peer's counts, from my workspace (a device wait), into the state and the host mirror.
+  // 3. Every peer's counts, from my workspace (a device wait).
   const uint64_t mine = ws_base(a, peers, rank);
   for (int e = tid; e < epr; e += nt) expert_cnt[e] = 0;
   __syncthreads();
   volatile uint64_t* mirror = host_counts;
-  for (int i = tid; i < W * epr; i += nt) {
-    const int p = i / epr, e = i % epr;
-    const uint64_t v = wait_signal(reinterpret_cast<const uint64_t*>(mine + uint64_t(a.ws.expert_slot(p, e))),
-                                   a.seq, a.timeout_ns, a.diag, kPhaseNotify, p);
-    atomicAdd(&expert_cnt[e], int(decode_count(v)));
-    if (mirror != nullptr) mirror[W + i] = v;
-  }
   uint64_t rank_v = 0;
   if (tid < W) {
     rank_v = wait_signal(slot_ptr(mine, a.ws, a.ws.rank_count, tid), a.seq, a.timeout_ns, a.diag,
@@ -132,24 +142,31 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
     recv_off[W] = o;
   }
   __syncthreads();
+  // 4. enter, first (the peers' data phase waits for it): rank tid may write into my buffer for
+  //    this op, from row recv_off[tid] on.
+  if (tid < W)
+    st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.enter, rank), encode_signal(a.seq, recv_off[tid]));
+  // 5. The state, and the host mirror (rank counts last: once the CPU sees them, it sees the rest).
+  for (int i = tid; i < W * epr; i += nt) {
+    const int p = i / epr, e = i % epr;
+    const uint64_t v = wait_signal(reinterpret_cast<const uint64_t*>(mine + uint64_t(a.ws.expert_slot(p, e))),
+                                   a.seq, a.timeout_ns, a.diag, kPhaseNotify, p);
+    atomicAdd(&expert_cnt[e], int(decode_count(v)));
+    if (mirror != nullptr) mirror[W + i] = v;
+  }
   for (int p = tid; p <= W; p += nt) st.recv_offset[p] = recv_off[p];
   for (int p = tid; p < W; p += nt) st.recv_count[p] = recv_cnt[p];
-  for (int e = tid; e < epr; e += nt) st.tokens_per_expert[e] = expert_cnt[e];
   for (int o = tid; o < recv_off[W]; o += nt) {
     int p = 0;
     while (o >= recv_off[p + 1]) ++p;
     st.recv_src_rank[o] = p;
   }
-  // The rank counts go last into the mirror: once the CPU sees them, it sees the expert counts.
   if (mirror != nullptr) __threadfence_system();
   __syncthreads();
-  if (tid < W) {
-    if (mirror != nullptr) {
-      mirror[tid] = rank_v;
-      __threadfence_system();
-    }
-    // 5. enter: rank tid may write into my buffer for this op, from row recv_off[tid] on.
-    st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.enter, rank), encode_signal(a.seq, recv_off[tid]));
+  for (int e = tid; e < epr; e += nt) st.tokens_per_expert[e] = expert_cnt[e];
+  if (tid < W && mirror != nullptr) {
+    mirror[tid] = rank_v;
+    __threadfence_system();
   }
 }
 

@@ -261,17 +261,24 @@ void bench_rank(int rank, const EpConfig& ep, Shared& shared) {
     add_figure(rank, sz.name, "combine", 0, time_loop(m, sh, iters, [&] { combine(0); }), c_bytes, c_remote);
     add_figure(rank, sz.name, "combine (send, then reduce)", 0, time_loop(m, sh, iters, [&] { combine(0, 0); }),
                c_bytes, c_remote);
-    if (sz.tokens == 4096 && !sz.fp8) {
-      for (int sms : {8, 16, 24, 32, 48, 64, 96, 132}) {
-        if (sms > all_sms) continue;
-        add_figure(rank, sz.name, "dispatch (cached, outputs in buffer)", sms,
-                   time_loop(m, sh, iters, [&] { dispatch_cached(sms, false); }), d_bytes, d_remote);
-        add_figure(rank, sz.name, "dispatch (no CPU sync, outputs in buffer)", sms,
-                   time_loop(m, sh, iters, [&] { dispatch_no_sync(sms); }), d_bytes, d_remote);
-        add_figure(rank, sz.name, "combine", sms, time_loop(m, sh, iters, [&] { combine(sms); }), c_bytes, c_remote);
-        add_figure(rank, sz.name, "combine (send, then reduce)", sms, time_loop(m, sh, iters, [&] { combine(sms, 0); }),
-                   c_bytes, c_remote);
-      }
+    std::vector<int> sweep;
+    if (sz.tokens == 4096 && !sz.fp8) sweep = {8, 16, 24, 32, 48, 64, 96, 132};
+    if (sz.tokens < 4096) sweep = {8, 16, 32, 64};
+    for (int sms : sweep) {
+      if (sms > all_sms) continue;
+      add_figure(rank, sz.name, "dispatch (cached, outputs in buffer)", sms,
+                 time_loop(m, sh, iters, [&] { dispatch_cached(sms, false); }), d_bytes, d_remote);
+      add_figure(rank, sz.name, "dispatch (no CPU sync, outputs in buffer)", sms,
+                 time_loop(m, sh, iters, [&] { dispatch_no_sync(sms); }), d_bytes, d_remote);
+      add_figure(rank, sz.name, "combine", sms, time_loop(m, sh, iters, [&] { combine(sms); }), c_bytes, c_remote);
+      add_figure(rank, sz.name, "combine (send, then reduce)", sms, time_loop(m, sh, iters, [&] { combine(sms, 0); }),
+                 c_bytes, c_remote);
+      if (sz.tokens == 4096 && (sms == 24 || sms == 132))
+        for (int twelfths : {3, 5, 6}) {
+          const std::string op = "combine (" + std::to_string(twelfths) + "/12 of the blocks send)";
+          add_figure(rank, sz.name, op, sms,
+                     time_loop(m, sh, iters, [&] { combine(sms, std::max(1, sms * twelfths / 12)); }), c_bytes, c_remote);
+        }
     }
     // NCCL all-to-all of the same bytes: every rank sends tokens x row bytes to every rank (itself too).
     const int64_t per_peer = sz.tokens * row_bytes;

@@ -122,8 +122,16 @@ void launch_dispatch_notify(const MoeKernels& k, CUstream stream, const moe::Moe
                       std::to_string(a.max_tokens) + ")");
   RF_CUDA_REQUIRE(num_tokens == 0 || topk_idx != 0, "dispatch notify: no topkIdx.");
   RF_CUDA_REQUIRE(state != 0, "dispatch notify: no layout state.");
-  const unsigned smem = unsigned(a.num_experts) * 4;
-  RF_CUDA_REQUIRE(smem <= 48 * 1024, "dispatch notify: numExperts above 12288 is not supported.");
+  // Shared memory: a routing mask per token, then a count per expert.
+  const int64_t smem = num_tokens * 8 + int64_t(a.num_experts) * 4;
+  constexpr int64_t kMaxSmem = 200 * 1024;
+  RF_CUDA_REQUIRE(smem <= kMaxSmem, "dispatch notify: " + std::to_string(num_tokens) + " tokens and " +
+                                        std::to_string(a.num_experts) +
+                                        " experts need more shared memory than one block has; use fewer "
+                                        "tokens per dispatch (maxTokensPerRank up to about 24000).");
+  if (smem > 48 * 1024)
+    RF_CU_FOR("dispatch notify shared memory", cuFuncSetAttribute, k.notify(),
+              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem));
   moe::MoeArgs args = a;
   moe::MoeState st = moe_state_layout(a).at(state);
   const int32_t* idx = reinterpret_cast<const int32_t*>(topk_idx);
@@ -131,7 +139,7 @@ void launch_dispatch_notify(const MoeKernels& k, CUstream stream, const moe::Moe
   uint64_t* mirror = reinterpret_cast<uint64_t*>(host_counts);
   void* params[] = {&args, &st, &idx, &n, &mirror};
   RF_CU_FOR("dispatch notify, rank " + std::to_string(a.rank), cuLaunchKernel, k.notify(), 1, 1, 1, kNotifyThreads,
-            1, 1, smem, stream, params, nullptr);
+            1, 1, unsigned(smem), stream, params, nullptr);
 }
 
 bool poll_dispatch_counts(const void* host_counts, int world, int experts_per_rank, uint32_t seq,
@@ -218,7 +226,7 @@ void launch_combine(const MoeKernels& k, CUstream stream, const moe::MoeArgs& a,
   moe::CombineIn i = in;
   moe::CombineOut o = out;
   const int blocks = blocks_for(num_sms, sm_count);
-  int split = send_blocks < 0 ? blocks / 2 : send_blocks;
+  int split = send_blocks < 0 ? std::max(1, blocks / 3) : send_blocks;  // 1/3: best at 24 and 132 SMs
   if (blocks < 2 || a.world < 2 || !moe::combine_flags_fit(a.buf)) split = 0;
   split = std::min(split, blocks - 1);
   void* params[] = {&args, &st, &i, &o, &split};

@@ -95,7 +95,7 @@ moe::DispatchOut dispatch_outputs_in_buffer(const moe::MoeArgs& a, CUdeviceptr m
                                             bool with_scales);
 
 // Combine with the state of the dispatch's layout. in.x must not lie in the symmetric buffer.
-// send_blocks: -1 = half of the blocks send while the others reduce as rows arrive (split mode);
+// send_blocks: -1 = a third of the blocks send while the others reduce as rows arrive (split mode);
 // 0 = every block sends, then every block reduces after `done`; n = n blocks send.
 void launch_combine(const MoeKernels& k, CUstream stream, const moe::MoeArgs& a, CUdeviceptr state,
                     const moe::CombineIn& in, const moe::CombineOut& out, int num_sms, int sm_count,
