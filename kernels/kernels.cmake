@@ -7,7 +7,7 @@
 include_guard(GLOBAL)
 
 set(RF_KERNELS_DIR "${CMAKE_CURRENT_LIST_DIR}")
-set(RF_KERNEL_NAMES barrier all_gather)
+set(RF_KERNEL_NAMES barrier all_gather dispatch combine)
 set(RF_CUDA_ARCH 90 CACHE STRING "GPU architecture the kernels are compiled for (sm_XX)")
 option(RF_WITH_KERNELS "compile and embed the CUDA kernels when nvcc is found" ON)
 if(RF_WITH_KERNELS)
@@ -39,6 +39,7 @@ function(rankflow_kernel_sources out_var)
                 -Werror all-warnings
                 -o "${fatbin}" "${RF_KERNELS_DIR}/${name}.cu"
         DEPENDS "${RF_KERNELS_DIR}/${name}.cu" "${RF_KERNELS_DIR}/common.cuh"
+                "${RF_KERNELS_DIR}/moe.cuh" "${RF_KERNELS_DIR}/../native/src/cuda/moe_args.hpp"
                 "${RF_KERNELS_DIR}/../native/src/layout.hpp"
         COMMENT "nvcc ${name}.cu -> sm_${RF_CUDA_ARCH} fatbin"
         VERBATIM)

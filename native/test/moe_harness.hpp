@@ -1,0 +1,244 @@
+// What moe_smoke and moe_bench share: rank threads with a rendezvous, RAII device objects, and one
+// rank of a GPU-only symmetric MoE buffer (window = workspace + buffer, peer table, MoE kernels,
+// mapped host memory for the Diagnostic and the CPU-sync counts, the arrivals word).
+#pragma once
+
+#include <condition_variable>
+#include <cstdarg>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cuda/device.hpp"
+#include "cuda/driver.hpp"
+#include "cuda/host_workspace.hpp"
+#include "cuda/moe_launch.hpp"
+#include "cuda/symmetric.hpp"
+#include "layout.hpp"
+
+namespace rftest {
+
+using namespace rankflow;
+using namespace rankflow::cuda;
+
+inline std::mutex g_print;
+inline int g_failed = 0;
+
+inline void report(bool ok, const char* fmt, ...) {
+  char line[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  std::lock_guard<std::mutex> lock(g_print);
+  if (!ok) ++g_failed;
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", line);
+  std::fflush(stdout);
+}
+
+inline void info(const char* fmt, ...) {
+  char line[4096];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(line, sizeof(line), fmt, ap);
+  va_end(ap);
+  std::lock_guard<std::mutex> lock(g_print);
+  std::printf("%s\n", line);
+  std::fflush(stdout);
+}
+
+// A reusable rendezvous of the rank threads; a rank that fails breaks it so nobody waits forever.
+class Rendezvous {
+ public:
+  explicit Rendezvous(int n) : n_(n) {}
+  void arrive() {
+    std::unique_lock<std::mutex> lock(m_);
+    if (broken_) throw std::runtime_error("another rank failed");
+    const int gen = gen_;
+    if (++count_ == n_) {
+      count_ = 0;
+      ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lock, [&] { return gen_ != gen || broken_; });
+    if (gen_ == gen) throw std::runtime_error("another rank failed");
+  }
+  void do_break() {
+    std::lock_guard<std::mutex> lock(m_);
+    broken_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  int n_, count_ = 0, gen_ = 0;
+  bool broken_ = false;
+};
+
+// Runs body(rank) on `world` threads; a throw is reported as a FAIL of `step` and breaks the rendezvous.
+inline void run_ranks(int world, const char* step, Rendezvous& rv, const std::function<void(int)>& body) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        body(r);
+      } catch (const CudaError& e) {
+        report(false, "[rank %d] %s: %s (code %s)", r, step, e.what(), e.code.c_str());
+        rv.do_break();
+      } catch (const std::exception& e) {
+        report(false, "[rank %d] %s: %s", r, step, e.what());
+        rv.do_break();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+}
+
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { alloc(n); }
+  void alloc(size_t n) {
+    release();
+    bytes = n;
+    RF_CU(cuMemAlloc, &ptr, n > 0 ? n : 16);
+  }
+  void release() {
+    if (ptr != 0) driver().cuMemFree(ptr);
+    ptr = 0;
+  }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(ptr); }
+};
+
+struct Stream {
+  CUstream s = nullptr;
+  Stream() { RF_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING); }
+  ~Stream() {
+    if (s != nullptr) driver().cuStreamDestroy(s);
+  }
+};
+
+struct Event {
+  CUevent e = nullptr;
+  Event() { RF_CU(cuEventCreate, &e, CU_EVENT_DEFAULT); }
+  ~Event() {
+    if (e != nullptr) driver().cuEventDestroy(e);
+  }
+};
+
+template <typename T>
+void upload(const DeviceBuffer& d, const std::vector<T>& h) {
+  if (!h.empty()) RF_CU(cuMemcpyHtoD, d.ptr, h.data(), h.size() * sizeof(T));
+}
+template <typename T>
+std::vector<T> download(CUdeviceptr d, size_t n) {
+  std::vector<T> h(n);
+  if (n > 0) RF_CU(cuMemcpyDtoH, h.data(), d, n * sizeof(T));
+  return h;
+}
+
+// What the rank threads of one world share.
+struct WorldShared {
+  explicit WorldShared(int world) : rv(world), exports(size_t(world)) {}
+  Rendezvous rv;
+  std::vector<ExportedSegments> exports;
+};
+
+// One rank of the MoE world: GPU-only symmetric memory holding [workspace | buffer].
+class MoeRank {
+ public:
+  static constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;
+  static constexpr int64_t kHostCountsOffset = 64;  // after the Diagnostic
+
+  MoeRank(int rank, const EpConfig& ep, WorldShared& sh)
+      : rank(rank), ep(ep), ws(WorkspaceLayout::make(ep.world_size, int32_t(ep.num_experts / ep.world_size))),
+        buf(BufferLayout::make(ep)), dev(rank) {
+    sh.exports[size_t(rank)] = mem.create(rank, ep.world_size, dev, ws.bytes + buf.bytes, 0, MemoryKind::GpuOnly,
+                                          ep.world_size);
+    sh.rv.arrive();
+    mem.import_peers(sh.exports);
+    sh.rv.arrive();
+    mem.close_exported();
+    stream = std::make_unique<Stream>();
+    kernels = std::make_unique<MoeKernels>();
+    RF_CU(cuMemsetD8Async, mem.window(), 0, size_t(ws.bytes), stream->s);
+    const std::vector<uint64_t> table = mem.peer_table();
+    peers.alloc(table.size() * 8);
+    upload(peers, table);
+    arrivals.alloc(16);
+    RF_CU(cuMemsetD8Async, arrivals.ptr, 0, 16, stream->s);
+    const moe::MoeArgs a = args(1);
+    host.create(kHostCountsOffset + host_counts_bytes(a));
+    state_bytes = moe_state_layout(a).bytes;
+    RF_CU(cuStreamSynchronize, stream->s);
+    sh.rv.arrive();  // every workspace is zeroed before anybody signals into it
+  }
+
+  moe::MoeArgs args(uint32_t s) const {
+    return moe_args(peers.ptr, 0, ws, buf, ep, rank, s, kTimeoutNs, host.device_at(0), arrivals.ptr);
+  }
+  CUdeviceptr counts_device() const { return host.device_at(kHostCountsOffset); }
+  const void* counts_host() const { return host.host_at<void>(kHostCountsOffset); }
+  const Diagnostic* diag() const { return host.host_at<Diagnostic>(0); }
+  CUstream s() const { return stream->s; }
+  int sm_count() const { return dev.sm_count(); }
+  CUdeviceptr buffer() const { return mem.window() + CUdeviceptr(ws.bytes); }
+  CUdeviceptr peer_buffer(int p) const { return mem.peer_base(p) + CUdeviceptr(ws.bytes); }
+
+  // Blocks until the CPU-sync counts of op `seq` are in the mirror.
+  HostDispatchCounts wait_counts(uint32_t seq) const {
+    HostDispatchCounts c;
+    const int epr = int(ep.num_experts / ep.world_size);
+    for (uint64_t spins = 0; !poll_dispatch_counts(counts_host(), ep.world_size, epr, seq, &c); ++spins) {
+      if ((spins & 0xffff) == 0) {
+        const CUresult r = driver().cuStreamQuery(stream->s);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) check(r, "cuStreamQuery", "dispatch notify");
+      }
+    }
+    return c;
+  }
+
+  int rank;
+  EpConfig ep;
+  WorkspaceLayout ws;
+  BufferLayout buf;
+  DeviceContext dev;
+  SymmetricMemory mem;
+  std::unique_ptr<Stream> stream;
+  std::unique_ptr<MoeKernels> kernels;
+  DeviceBuffer peers, arrivals;
+  HostWorkspace host;
+  int64_t state_bytes = 0;
+};
+
+// xorshift64*: deterministic inputs.
+struct Rng {
+  uint64_t s;
+  explicit Rng(uint64_t seed) : s(seed * 0x9E3779B97F4A7C15ull + 1) {}
+  uint64_t next() {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 2685821657736338717ull;
+  }
+  uint32_t below(uint32_t n) { return uint32_t(next() % n); }
+  float uniform() { return float(next() >> 40) / float(1 << 24); }  // [0, 1)
+  // A finite bf16 in about [-4, 4): random sign, exponent and mantissa bits.
+  uint16_t bf16() {
+    const float f = (uniform() * 8.0f - 4.0f);
+    return float_to_bf16(f);
+  }
+};
+
+}  // namespace rftest
