@@ -8,23 +8,10 @@
  * Drawing is a pure function of the recording, so the same run always gives the same bytes.
  */
 
-/** One rank's state change, as the group emits it (`group.on('transition', ...)`). */
-export interface TransitionEvent {
-    rank: number;
-    /** Dotted state paths: 'ready', 'session.open', 'failed'. */
-    from: string;
-    to: string;
-    /** The machine event that caused it: 'BARRIER', 'xstate.done.actor.dispatch', ... */
-    event: string;
-    /** Epoch milliseconds (fractional). */
-    at: number;
-    /** The collective the rank entered or left: 'barrier', 'allGather', 'dispatch', ... */
-    op?: string;
-    /** The collective's sequence number, the same on every rank for the same collective. */
-    seq?: number;
-    /** On failures: the phase that failed. */
-    phase?: string;
-}
+import type { TransitionEvent } from '../workers/protocol.js';
+
+/** One rank's state change, as the group emits it (`group.on('transition', ...)`): defined with the worker protocol. */
+export type { TransitionEvent };
 
 /** The error a group reports with `group.on('failed', ...)`; only these fields are relied on. */
 export interface RankFailureError {
