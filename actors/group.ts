@@ -147,7 +147,12 @@ export class Group extends EventEmitter<GroupEvents> {
     if (!(gpuSeconds > 0)) throw invalid('timeouts.gpuSeconds', `must be a positive number (got ${gpuSeconds})`);
     if (opts.inspect !== undefined && typeof opts.inspect !== 'function' && typeof opts.inspect !== 'string')
       throw invalid('inspect', "must be a function (record) => void or a loopback URL 'http://127.0.0.1:PORT'");
-    const inspectAt = typeof opts.inspect === 'string' ? inspectorAddress(opts.inspect) : undefined;
+    let inspectAt: { host: string; port: number } | undefined;
+    try {
+      inspectAt = typeof opts.inspect === 'string' ? inspectorAddress(opts.inspect) : undefined;
+    } catch (e) {
+      throw new RankflowError('EINVAL', (e as Error).message);  // "inspect: host ... is not loopback"
+    }
     if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
       throw invalid('observers', 'must be an array of objects with attach(group)');
     const layout = loadAddon().layout(buffer, worldSize);
