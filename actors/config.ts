@@ -1,12 +1,17 @@
 // Every environment variable rankflow reads, with its default, in one place.
+import { existsSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import path from 'node:path';
 
 const env = process.env;
 const num = (v: string | undefined, fallback: number): number => (v !== undefined && v !== '' && Number.isFinite(Number(v)) ? Number(v) : fallback);
 
-/** Root of the installed package (dist/actors/config.js -> ../..). */
-export const PACKAGE_ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+/** Root of the package: the nearest folder above this file with a package.json (from dist/ or from the sources). */
+export const PACKAGE_ROOT = ((): string => {
+  let dir = path.dirname(fileURLToPath(import.meta.url));
+  while (!existsSync(path.join(dir, 'package.json')) && path.dirname(dir) !== dir) dir = path.dirname(dir);
+  return dir;
+})();
 
 export const config = {
   /** RANKFLOW_BACKEND: overrides `backend: 'auto'` ('host' | 'cuda'). */

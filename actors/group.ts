@@ -7,7 +7,9 @@ import { EventEmitter } from 'eventemitter3';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
-import { config } from './config.js';
+import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { config, PACKAGE_ROOT } from './config.js';
 import { RankflowError, invalid } from './errors.js';
 import { loadAddon, type ExportedSegments } from './native.js';
 import { resolveBackend, type Backend } from './backend.js';
@@ -49,7 +51,8 @@ export interface GroupEvents {
   inspect: (record: Record<string, unknown>) => void;
 }
 
-const WORKER_URL = new URL('../workers/rank.js', import.meta.url);
+// Always the built worker: tests run the TypeScript sources, but a worker thread needs JavaScript.
+const WORKER_URL = pathToFileURL(path.join(PACKAGE_ROOT, 'dist', 'workers', 'rank.js'));
 const DESTROY_GRACE_MS = 5000;
 
 /** A rank as the main thread sees it: plain data kept current by the rank's transitions. */
@@ -72,6 +75,9 @@ interface Member {
   api: Comlink.Remote<RankWorkerApi>;
   /** rejects with RANK_FAILED when the worker exits: raced against every call to it */
   gone: Promise<never>;
+  /** rejects with the rank's failure: raced against collectives, whose rank programs may never notice */
+  failed: Promise<never>;
+  fail: (error: RankflowError) => void;
 }
 
 export class Group extends EventEmitter<GroupEvents> {
@@ -159,7 +165,10 @@ export class Group extends EventEmitter<GroupEvents> {
       worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
     });
     gone.catch(() => {});
-    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone };
+    let fail: (error: RankflowError) => void = () => {};
+    const failed = new Promise<never>((_, reject) => { fail = reject; });
+    failed.catch(() => {});
+    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone, failed, fail };
   }
 
   private onTransition(t: TransitionEvent): void {
@@ -179,6 +188,7 @@ export class Group extends EventEmitter<GroupEvents> {
     if (handle.error) return;
     handle.error = error;
     if (handle.exited) handle.state = 'failed';
+    this.members[rank]?.fail(error);
     this.emit('failed', { rank, error });
     if (!origin || this.destroying) return;
     const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
@@ -195,9 +205,13 @@ export class Group extends EventEmitter<GroupEvents> {
     return Promise.race([fn(), m.gone]);
   }
 
-  /** Runs fn on every rank; rejects with the root cause (a failure that is not a consequence). */
+  /**
+   * Runs fn on every rank; rejects with the root cause (a failure that is not a consequence). A rank's
+   * part ends when the rank fails even if its call is still running (a rank program that never enters
+   * the collective its peers wait in).
+   */
   private async all<T>(fn: (api: Comlink.Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
-    const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => fn(m.api, r))));
+    const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => Promise.race([fn(m.api, r), m.failed]))));
     const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
     if (errors.length > 0) throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
     return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
