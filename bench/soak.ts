@@ -10,11 +10,13 @@ const CYCLES = Number(process.env.SOAK_CYCLES ?? 1000);
 const COLLECTIVES = Number(process.env.SOAK_COLLECTIVES ?? 10000);
 const RANKS = Number(process.env.SOAK_RANKS ?? 2);
 /**
- * RSS may grow by this much after the warm-up. What stays is the allocator's, not rankflow's:
- * glibc keeps freed memory in per-thread arenas (every worker and executor thread gets one, up to
- * 8 per core), and V8's heap of the main thread settles at a size of its own choosing. Neither
- * depends on how many cycles ran, so the bound is a constant: a leak of one workspace (2 MiB) or
- * one worker isolate (~4 MiB) per cycle would pass it within the first 32 cycles.
+ * RSS may grow by this much after the warm-up. fds, mappings and threads must come back exactly;
+ * RSS does not, because glibc keeps freed memory in per-thread arenas (each worker and executor
+ * thread gets one, up to 8 per core) and V8 sizes the main thread's heap as it likes. The bound is
+ * what that plausibly costs, not a proof: a leak of one workspace (2 MiB) or one worker isolate
+ * (~4 MiB) per cycle exceeds it within the first 32 cycles. Measured on 2 cores (1000 cycles +
+ * 10000 collectives): +55 MiB, of which ~25 MiB crept in over the cycles (~25 KB per cycle, not
+ * yet attributed: allocator or a small leak) and the rest after the collectives' group was gone.
  */
 const RSS_BOUND_MIB = 64;
 const WARMUP = 20;
