@@ -89,8 +89,36 @@ export class RankHandle {
 interface Member {
   worker: Worker;
   api: Comlink.Remote<RankWorkerApi>;
-  /** rejects with RANK_FAILED when the worker exits: raced against every call to it */
+  /** rejects with RANK_FAILED when the worker exits */
   gone: Promise<never>;
+  /** calls to end early with RANK_FAILED when the worker exits: every call to it */
+  untilGone: Cuts;
+  /** calls to end early with the rank's failure: collectives, whose rank programs may never notice it */
+  untilFailed: Cuts;
+}
+
+/** The rejecters of calls in flight, to settle them early from outside. */
+type Cuts = Set<(error: RankflowError) => void> & { error?: RankflowError };
+
+/**
+ * `p`, unless one of `cuts` is cut first. Not Promise.race against a promise that may never settle:
+ * every race leaves a reaction on it that keeps the race's result alive, i.e. every collective's
+ * output would stay in memory for the life of the group.
+ */
+function cutShort<T>(p: Promise<T>, cuts: Cuts[]): Promise<T> {
+  const cut = cuts.find((c) => c.error);
+  if (cut) return Promise.reject(cut.error);
+  return new Promise<T>((resolve, reject) => {
+    for (const c of cuts) c.add(reject);
+    const done = (): void => { for (const c of cuts) c.delete(reject); };
+    p.then((v) => { done(); resolve(v); }, (e: unknown) => { done(); reject(e); });
+  });
+}
+
+function cutAll(cuts: Cuts, error: RankflowError): void {
+  cuts.error ??= error;
+  for (const reject of [...cuts]) reject(error);
+  cuts.clear();
 }
 
 export class Group extends EventEmitter<GroupEvents> {
@@ -141,10 +169,10 @@ export class Group extends EventEmitter<GroupEvents> {
     const ranksPerNode = opts.ranksPerNode ?? worldSize;
     checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);
     if (worldSize % ranksPerNode !== 0) throw invalid('ranksPerNode', `(${ranksPerNode}) must divide the world size (${worldSize})`);
-    const cpuSeconds = opts.timeouts?.cpuSeconds ?? config.cpuSeconds;
-    const gpuSeconds = opts.timeouts?.gpuSeconds ?? config.gpuSeconds;
-    if (!(cpuSeconds > 0)) throw invalid('timeouts.cpuSeconds', `must be a positive number (got ${cpuSeconds})`);
-    if (!(gpuSeconds > 0)) throw invalid('timeouts.gpuSeconds', `must be a positive number (got ${gpuSeconds})`);
+    if (opts.timeouts !== undefined && (opts.timeouts === null || typeof opts.timeouts !== 'object'))
+      throw invalid('timeouts', 'must be an object { cpuSeconds?, gpuSeconds? }');
+    const cpuSeconds = checkTimeout('timeouts.cpuSeconds', opts.timeouts?.cpuSeconds ?? config.cpuSeconds);
+    const gpuSeconds = checkTimeout('timeouts.gpuSeconds', opts.timeouts?.gpuSeconds ?? config.gpuSeconds);
     if (opts.inspect !== undefined && typeof opts.inspect !== 'function' && typeof opts.inspect !== 'string')
       throw invalid('inspect', "must be a function (record) => void or a loopback URL 'http://127.0.0.1:PORT'");
     let inspectAt: { host: string; port: number } | undefined;
@@ -229,19 +257,22 @@ export class Group extends EventEmitter<GroupEvents> {
       if (m.kind === 'transition') this.onTransition(m.transition);
       else if (m.kind === 'inspect') this.emit('inspect', m.record);
     });
+    const untilGone: Cuts = new Set();
+    const untilFailed: Cuts = new Set();
     const gone = new Promise<never>((_, reject) => {
       const onGone = (why: string): void => {
         if (handle.exited) return;
         handle.exited = true;
         const error = new RankflowError('RANK_FAILED', `rank ${rank} ${why}`, { rank, state: handle.state });
         if (!this.destroying && handle.state !== 'destroyed') this.markFailed(local, error);
+        cutAll(untilGone, error);
         reject(error);
       };
       worker.on('error', (e) => onGone(`crashed: ${e.message}`));
       worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
     });
     gone.catch(() => {});
-    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone };
+    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone, untilGone, untilFailed };
   }
 
   private onTransition(t: TransitionEvent): void {
@@ -262,6 +293,8 @@ export class Group extends EventEmitter<GroupEvents> {
     handle.error = error;
     if (handle.exited) handle.state = 'failed';
     const rank = handle.rank;
+    const m = this.members[local];
+    if (m) cutAll(m.untilFailed, error);
     this.emit('failed', { rank, error });
     if (!origin || this.destroying) return;
     const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
@@ -275,12 +308,16 @@ export class Group extends EventEmitter<GroupEvents> {
   private call<T>(r: number, fn: () => Promise<T>): Promise<T> {
     const m = this.members[r]!;
     if (this.ranks[r]!.exited) return m.gone;
-    return Promise.race([fn(), m.gone]);
+    return cutShort(fn(), [m.untilGone]);
   }
 
-  /** Runs fn on every rank; rejects with the root cause (a failure that is not a consequence). */
+  /**
+   * Runs fn on every rank; rejects with the root cause (a failure that is not a consequence). A rank's
+   * part ends when the rank fails even if its call is still running (a rank program that never enters
+   * the collective its peers wait in).
+   */
   private async all<T>(fn: (api: Comlink.Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
-    const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => fn(m.api, r))));
+    const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => cutShort(fn(m.api, r), [m.untilFailed]))));
     const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
     if (errors.length > 0) throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
     return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
@@ -297,7 +334,7 @@ export class Group extends EventEmitter<GroupEvents> {
       return body();
     };
     const p = this.queue.then(run, run);
-    this.queue = p.catch(() => {});
+    this.queue = p.then(() => {}, () => {});  // not p.catch(): that would keep the last result alive
     return p;
   }
 
@@ -548,6 +585,18 @@ function checkDevices(devices: unknown, size: number, backend: Backend, gpus: nu
   const dup = devices.findIndex((d, i) => devices.indexOf(d) !== i);
   if (dup >= 0) throw invalid(`devices[${dup}]`, `GPU ${devices[dup]} is given to two ranks; each rank needs its own GPU`);
   return backend === 'cuda' ? (devices as number[]) : undefined;
+}
+
+/**
+ * Longest timeout, in seconds: each rank machine's backstop timer ((seconds + margin) * 1000 ms) must
+ * fit the 32-bit setTimeout of Node, which fires at once when given more (or Infinity).
+ */
+const MAX_TIMEOUT_SECONDS = 2_000_000;
+
+function checkTimeout(name: string, v: unknown): number {
+  if (typeof v !== 'number' || !(v > 0) || v > MAX_TIMEOUT_SECONDS)
+    throw invalid(name, `must be a number of seconds in (0, ${MAX_TIMEOUT_SECONDS}] (got ${String(v)})`);
+  return v;
 }
 
 function checkBackendOption(b: unknown): 'auto' | Backend | undefined {

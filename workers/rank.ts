@@ -19,6 +19,22 @@ const port = parentPort;
 installErrorTransfer();
 const init = workerData as RankInit;
 
+// comlink sends only the message, name and stack of a thrown Error: keep rankflow's code, rank, state
+// and phase too, or the main thread sees every failure of this rank as a plain error.
+const throwHandler = Comlink.transferHandlers.get('throw')!;
+Comlink.transferHandlers.set('throw', {
+  ...throwHandler,
+  serialize(thrown: unknown) {
+    const [wire, transfer] = throwHandler.serialize(thrown);
+    const error = (thrown as { value?: unknown }).value as Partial<RankflowError> | undefined;
+    const value = (wire as { isError?: boolean; value?: Record<string, unknown> }).value;
+    if ((wire as { isError?: boolean }).isError && value && error) {
+      for (const k of ['code', 'rank', 'state', 'phase'] as const) if (error[k] !== undefined) value[k] = error[k];
+    }
+    return [wire, transfer];
+  },
+});
+
 const now = (): number => performance.timeOrigin + performance.now();
 const post = (m: WorkerMessage): void => port.postMessage(m);
 
@@ -117,7 +133,8 @@ function plainEvent(e: { type: string }): Record<string, unknown> {
 function request<T>(event: RankEvent & { call: number }, phases: Pending['phases']): Promise<T> {
   const snap = actor.getSnapshot();
   const state = statePath(snap.value);
-  if (state === 'failed' && snap.context.error) {
+  // A failed rank answers every request with its failure, except DESTROY: it still tears down in order.
+  if (state === 'failed' && snap.context.error && event.type !== 'DESTROY') {
     const e = snap.context.error;
     return Promise.reject(new RankflowError(e.code as never, e.message, { rank: e.rank, state: 'failed', phase: e.phase }));
   }

@@ -94,14 +94,20 @@ struct Call {
 
 void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call) {
   if (env != nullptr) {
-    if (call->error) {
-      call->deferred.Reject(to_js_error(env, call->error->code, call->error->what(), call->error->rank, call->error->phase).Value());
-    } else {
-      try {
-        call->deferred.Resolve(call->finish ? call->finish(env, *call) : env.Undefined());
-      } catch (const Napi::Error& e) {
-        call->deferred.Reject(e.Value());
+    // A worker being terminated (rank.terminate(), destroy()) refuses to run JS: every N-API call then
+    // fails and node-addon-api throws. Nobody awaits this promise any more, and an exception escaping
+    // this callback would abort the whole process.
+    try {
+      if (call->error) {
+        call->deferred.Reject(to_js_error(env, call->error->code, call->error->what(), call->error->rank, call->error->phase).Value());
+      } else {
+        try {
+          call->deferred.Resolve(call->finish ? call->finish(env, *call) : env.Undefined());
+        } catch (const Napi::Error& e) {
+          call->deferred.Reject(e.Value());
+        }
       }
+    } catch (const Napi::Error&) {
     }
   } else {
     for (auto& r : call->keep) r.SuppressDestruct();  // the environment is gone: nothing to unref
