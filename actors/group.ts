@@ -260,15 +260,18 @@ export class Group extends EventEmitter<GroupEvents> {
     const untilGone: Cuts = new Set();
     const untilFailed: Cuts = new Set();
     const gone = new Promise<never>((_, reject) => {
-      const onGone = (why: string): void => {
+      const onGone = (why: string, cause?: { code?: unknown }): void => {
         if (handle.exited) return;
         handle.exited = true;
-        const error = new RankflowError('RANK_FAILED', `rank ${rank} ${why}`, { rank, state: handle.state });
+        // A rank that could not even build its context (memory that cannot be had, no driver) says why.
+        const code = handle.state === 'init' && (cause?.code === 'EINVAL' || cause?.code === 'BACKEND_UNAVAILABLE') ? cause.code : 'RANK_FAILED';
+        const message = code === 'RANK_FAILED' ? `rank ${rank} ${why}` : `${(cause as { message?: string }).message} (rank ${rank})`;
+        const error = new RankflowError(code, message, { rank, state: handle.state });
         if (!this.destroying && handle.state !== 'destroyed') this.markFailed(local, error);
         cutAll(untilGone, error);
         reject(error);
       };
-      worker.on('error', (e) => onGone(`crashed: ${e.message}`));
+      worker.on('error', (e) => onGone(`crashed: ${e.message}`, e as { code?: unknown }));
       worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
     });
     gone.catch(() => {});
@@ -525,6 +528,8 @@ export class Group extends EventEmitter<GroupEvents> {
 /** An AGRS session: every rank is in its `session` state until close(). */
 export class Session {
   private closed = false;
+  /** collectives started in this session: the ranks refuse more than maxAllGathers */
+  private collectives = 0;
   constructor(private readonly group: Group, readonly maxBytes: number, readonly maxAllGathers: number) {}
 
   allGather(tensors: Tensor[]): Promise<Tensor[]> {
@@ -535,6 +540,7 @@ export class Session {
       checkSameShape('tensors', list);
       const bytes = numel(list[0]!.shape) * ELEMENT_BYTES[list[0]!.dtype];
       if (bytes > this.maxBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the session's maxBytes (${this.maxBytes})`);
+      this.takeSlot();
     } catch (e) {
       return Promise.reject(e);
     }
@@ -553,6 +559,7 @@ export class Session {
       checkSameShape('tensors', list);
       const bytes = (numel(list[0]!.shape) / W) * ELEMENT_BYTES[list[0]!.dtype];
       if (bytes > this.maxBytes) throw invalid('tensors', `${bytes} bytes per rank chunk exceed the session's maxBytes (${this.maxBytes})`);
+      this.takeSlot();
     } catch (e) {
       return Promise.reject(e);
     }
@@ -570,6 +577,13 @@ export class Session {
 
   private checkOpen(): void {
     if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
+  }
+
+  /** Every collective takes a fresh part of the session's buffer: refuse the one that would not fit. */
+  private takeSlot(): void {
+    if (this.collectives >= this.maxAllGathers)
+      throw invalid('maxAllGathers', `this session allows ${this.maxAllGathers} collectives and all are used: close() it and open another`);
+    this.collectives++;
   }
 }
 

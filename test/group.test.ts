@@ -139,6 +139,7 @@ describe('input checks', () => {
     [{ ranks: 2, backend: 'tpu' }, /^backend/],
     [{ ranks: 2, timeouts: { cpuSeconds: -1 } }, /^timeouts\.cpuSeconds/],
     [{ ranks: 4, ranksPerNode: 3 }, /^ranksPerNode/],
+    [{ ranks: 2, buffer: { ...buffer, cpuBytes: 2 ** 46 } }, /^buffer\.bytes \/ buffer\.cpuBytes: cannot reserve/],
   ])('createGroup(%o) is EINVAL naming the argument and leaves nothing behind', async (opts, message) => {
     const fds = openFds();
     const err = await createGroup({ backend: 'host', buffer, ...(opts as object) } as never).catch((e: unknown) => e);

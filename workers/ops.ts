@@ -6,7 +6,7 @@ import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import type { RankEvent } from '../machines/index.js';
 import type { NativeContext, NativeDispatchInput, NativeDispatchOutput } from '../actors/native.js';
 import { invalid } from '../actors/errors.js';
-import { bytesOf, ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/tensor.js';
+import { bytesOf, checkArray, checkTensor, ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/tensor.js';
 import {
   checkCombineInput, checkDispatchInput, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from '../actors/validate.js';
@@ -216,36 +216,61 @@ export class RankOps {
   programHandle() {
     const { rank, worldSize, buffer, groupId } = this.init;
     const self = this;
+    // Rank programs skip the main thread, so their inputs are checked here (same checks, same
+    // EINVAL messages); all methods are async, so a bad input rejects rather than throws.
     return {
       rank,
       worldSize,
       backend: this.init.backend,
       tensor,
-      barrier: (opts: { withCpuSync?: boolean } = {}) => self.barrier(opts.withCpuSync ?? false),
-      allGather: (t: Tensor) => self.allGather(t),
-      dispatch: (d: DispatchInput) => {
+      async barrier(opts: { withCpuSync?: boolean } = {}) {
+        if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { withCpuSync? }');
+        if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
+        return self.barrier(opts.withCpuSync ?? false);
+      },
+      async allGather(t: Tensor) {
+        checkTensor('input', t);
+        return self.allGather(t);
+      },
+      async dispatch(d: DispatchInput) {
         checkDispatchInput('input', d, buffer, worldSize, rank, groupId);
         return self.dispatch(d);
       },
-      combine: (c: CombineInput) => self.combine(c, checkCombineInput('input', c, buffer, rank, groupId)),
-      openSession: async (opts: { maxBytes: number; maxAllGathers: number }) => {
+      async combine(c: CombineInput) {
+        return self.combine(c, checkCombineInput('input', c, buffer, rank, groupId));
+      },
+      async openSession(opts: { maxBytes: number; maxAllGathers: number }) {
         checkPositiveInt('maxBytes', opts?.maxBytes);
-        checkPositiveInt('maxAllGathers', opts?.maxAllGathers);
+        checkPositiveInt('maxAllGathers', opts?.maxAllGathers, 1 << 16);
         await self.sessionOpen(opts.maxBytes, opts.maxAllGathers);
         return {
-          allGather: (t: Tensor) => self.sessionAllGather(t),
-          reduceScatter: (t: Tensor) => {
-            if (t.shape[0]! % worldSize !== 0) throw invalid('input.shape[0]', `must be a multiple of the world size (${worldSize})`);
+          async allGather(t: Tensor) {
+            checkTensor('input', t);
+            return self.sessionAllGather(t);
+          },
+          async reduceScatter(t: Tensor) {
+            checkTensor('input', t, { dtypes: ['fp32', 'bf16'] });
+            if (t.shape.length < 1 || t.shape[0]! % worldSize !== 0) throw invalid('input.shape[0]', `must be a multiple of the world size (${worldSize})`);
             return self.sessionReduceScatter(t);
           },
           close: () => self.sessionClose(),
         };
       },
-      engramWrite: (t: Tensor) => self.engramWrite(t),
-      engramFetch: (ids: Int32Array) => self.engramFetch(ids),
-      ppExchange: (t: Tensor) => self.ppExchange(t),
+      async engramWrite(t: Tensor) {
+        checkTensor('storage', t, { rank: 2 });
+        return self.engramWrite(t);
+      },
+      async engramFetch(ids: Int32Array) {
+        checkArray('indices', ids, Int32Array);
+        return self.engramFetch(ids);
+      },
+      async ppExchange(t: Tensor) {
+        checkTensor('input', t);
+        return self.ppExchange(t);
+      },
     };
   }
+
 }
 
 export type RankProgramHandle = ReturnType<RankOps['programHandle']>;

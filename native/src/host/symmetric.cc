@@ -2,6 +2,8 @@
 #include "symmetric.hpp"
 
 #include <sys/mman.h>
+
+#include <cstring>
 #include <unistd.h>
 
 #include "../errors.hpp"
@@ -57,7 +59,9 @@ void HostSymmetricMemory::create(int rank, int world, int64_t device_bytes, int6
   stride_ = align_up(device_bytes_ + own_host, kAlignment);
   reserved_bytes_ = stride_ * world + kAlignment;
   void* r = mmap(nullptr, size_t(reserved_bytes_), PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (r == MAP_FAILED) throw sys_error("mmap(reserve " + std::to_string(reserved_bytes_) + " bytes)");
+  if (r == MAP_FAILED)
+    throw Error("EINVAL", "buffer.bytes / buffer.cpuBytes: cannot reserve " + std::to_string(reserved_bytes_) +
+                              " bytes of address space for the symmetric windows (mmap: " + std::strerror(errno) + ")");
   reservation_ = static_cast<uint8_t*>(r);
   base_ = reinterpret_cast<uint8_t*>(align_up(reinterpret_cast<int64_t>(reservation_), kAlignment));
   try {
