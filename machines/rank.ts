@@ -94,6 +94,15 @@ const errorInfo = (error: unknown, state: string): FailureInfo => {
   };
 };
 
+// Pieces every phase state shares (the machine stays plain data; these only name the repetition).
+/** A phase serves the request the state took; `begin`/`takeCall` put its id and op in the context. */
+const phaseInput = ({ context }: { context: RankContext }): PhaseInput => ({ call: context.call!, op: context.op! });
+const failOnError = { target: '#rank.failed', actions: 'fail' } as const;
+/** EINVAL from a phase returns to `target` with the error answered; anything else fails the rank. */
+const refuseOrFail = <T extends string>(target: T) => [{ target, guard: 'refusedInput', actions: 'refuse' } as const, failOnError] as const;
+const deviceBackstop = { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } } as const;
+const cpuBackstop = { cpuTimeout: { target: '#rank.failed', actions: 'timeOutCpu' } } as const;
+
 export const rankMachine = setup({
   types: {
     context: {} as RankContext,
@@ -187,11 +196,11 @@ export const rankMachine = setup({
     registerWindow: {
       invoke: {
         src: 'registerWindow',
-        input: ({ context }) => ({ call: context.call!, op: 'register' }),
+        input: phaseInput,
         onDone: { target: 'ready', actions: 'finish' },
-        onError: { target: 'failed', actions: 'fail' },
+        onError: failOnError,
       },
-      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+      after: deviceBackstop,
     },
     ready: {
       entry: assign({ call: null, op: null }),
@@ -213,31 +222,31 @@ export const rankMachine = setup({
         device: {
           invoke: {
             src: 'barrierDevice',
-            input: ({ context }) => ({ call: context.call!, op: 'barrier' }),
+            input: phaseInput,
             onDone: [{ target: 'cpuSync', guard: 'withCpuSync' }, { target: '#rank.ready', actions: 'finish' }],
-            onError: { target: '#rank.failed', actions: 'fail' },
+            onError: failOnError,
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
         cpuSync: {
           invoke: {
             src: 'barrierCpuSync',
-            input: ({ context }) => ({ call: context.call!, op: 'barrier' }),
+            input: phaseInput,
             onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: { target: '#rank.failed', actions: 'fail' },
+            onError: failOnError,
           },
-          after: { cpuTimeout: { target: '#rank.failed', actions: 'timeOutCpu' } },
+          after: cpuBackstop,
         },
       },
     },
     allGathering: {
       invoke: {
         src: 'allGather',
-        input: ({ context }) => ({ call: context.call!, op: 'allGather' }),
+        input: phaseInput,
         onDone: { target: 'ready', actions: 'finish' },
-        onError: [{ target: 'ready', guard: 'refusedInput', actions: 'refuse' }, { target: 'failed', actions: 'fail' }],
+        onError: refuseOrFail('ready'),
       },
-      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+      after: deviceBackstop,
     },
     dispatching: {
       initial: 'notify',
@@ -245,41 +254,41 @@ export const rankMachine = setup({
         notify: {
           invoke: {
             src: 'dispatchNotify',
-            input: ({ context }) => ({ call: context.call!, op: 'dispatch' }),
+            input: phaseInput,
             onDone: 'cpuSync',
-            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            onError: refuseOrFail('#rank.ready'),
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
         // The CPU polls the counters the notify phase wrote (seed 7.3); TIMEOUT_CPU names rank and counter.
         cpuSync: {
           invoke: {
             src: 'dispatchCpuSync',
-            input: ({ context }) => ({ call: context.call!, op: 'dispatch' }),
+            input: phaseInput,
             onDone: 'data',
-            onError: { target: '#rank.failed', actions: 'fail' },
+            onError: failOnError,
           },
-          after: { cpuTimeout: { target: '#rank.failed', actions: 'timeOutCpu' } },
+          after: cpuBackstop,
         },
         data: {
           invoke: {
             src: 'dispatchData',
-            input: ({ context }) => ({ call: context.call!, op: 'dispatch' }),
+            input: phaseInput,
             onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: { target: '#rank.failed', actions: 'fail' },
+            onError: failOnError,
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
       },
     },
     combining: {
       invoke: {
         src: 'combine',
-        input: ({ context }) => ({ call: context.call!, op: 'combine' }),
+        input: phaseInput,
         onDone: { target: 'ready', actions: 'finish' },
-        onError: [{ target: 'ready', guard: 'refusedInput', actions: 'refuse' }, { target: 'failed', actions: 'fail' }],
+        onError: refuseOrFail('ready'),
       },
-      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+      after: deviceBackstop,
     },
     // An AGRS session (seed 9.4): the rank stays in it between collectives until it is closed.
     session: {
@@ -288,11 +297,11 @@ export const rankMachine = setup({
         opening: {
           invoke: {
             src: 'sessionOpen',
-            input: ({ context }) => ({ call: context.call!, op: 'sessionOpen' }),
+            input: phaseInput,
             onDone: { target: 'open', actions: 'finish' },
-            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            onError: refuseOrFail('#rank.ready'),
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
         open: {
           entry: assign({ call: null, op: null }),
@@ -306,29 +315,29 @@ export const rankMachine = setup({
         gathering: {
           invoke: {
             src: 'sessionAllGather',
-            input: ({ context }) => ({ call: context.call!, op: 'sessionAllGather' }),
+            input: phaseInput,
             onDone: { target: 'open', actions: 'finish' },
-            onError: [{ target: 'open', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            onError: refuseOrFail('open'),
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
         reducing: {
           invoke: {
             src: 'sessionReduceScatter',
-            input: ({ context }) => ({ call: context.call!, op: 'sessionReduceScatter' }),
+            input: phaseInput,
             onDone: { target: 'open', actions: 'finish' },
-            onError: [{ target: 'open', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            onError: refuseOrFail('open'),
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
         closing: {
           invoke: {
             src: 'sessionClose',
-            input: ({ context }) => ({ call: context.call!, op: 'sessionClose' }),
+            input: phaseInput,
             onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: { target: '#rank.failed', actions: 'fail' },
+            onError: failOnError,
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
       },
     },
@@ -338,31 +347,31 @@ export const rankMachine = setup({
         writing: {
           invoke: {
             src: 'engramWrite',
-            input: ({ context }) => ({ call: context.call!, op: 'engramWrite' }),
+            input: phaseInput,
             onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            onError: refuseOrFail('#rank.ready'),
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
         fetching: {
           invoke: {
             src: 'engramFetch',
-            input: ({ context }) => ({ call: context.call!, op: 'engramFetch' }),
+            input: phaseInput,
             onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: [{ target: '#rank.ready', guard: 'refusedInput', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            onError: refuseOrFail('#rank.ready'),
           },
-          after: { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } },
+          after: deviceBackstop,
         },
       },
     },
     pipeline: {
       invoke: {
         src: 'ppExchange',
-        input: ({ context }) => ({ call: context.call!, op: 'ppExchange' }),
+        input: phaseInput,
         onDone: { target: 'ready', actions: 'finish' },
-        onError: [{ target: 'ready', guard: 'refusedInput', actions: 'refuse' }, { target: 'failed', actions: 'fail' }],
+        onError: refuseOrFail('ready'),
       },
-      after: { deviceTimeout: { target: 'failed', actions: 'timeOutDevice' } },
+      after: deviceBackstop,
     },
     failed: {
       // Whatever was pending is answered with the failure; later requests are answered by the worker.
@@ -375,7 +384,7 @@ export const rankMachine = setup({
     destroying: {
       invoke: {
         src: 'destroy',
-        input: ({ context }) => ({ call: context.call!, op: 'destroy' }),
+        input: phaseInput,
         onDone: { target: 'destroyed', actions: [{ type: 'reply', params: ({ context, event }) => ({ call: context.call!, output: event.output }) }] },
         onError: { target: 'destroyed', actions: [{ type: 'replyError', params: ({ context, event }) => ({ call: context.call!, error: errorInfo(event.error, 'destroying') }) }] },
       },
