@@ -244,6 +244,9 @@ export class RankOps {
       engramWrite: (t: Tensor) => self.engramWrite(t),
       engramFetch: (ids: Int32Array) => self.engramFetch(ids),
       ppExchange: (t: Tensor) => self.ppExchange(t),
+      /** cuda: microseconds per call of an AGRS/engram/pipeline op on device-resident data (bench/gpu-agrs) */
+      benchAgrs: (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) =>
+        self.native.benchAgrs(op, engine, bytes, iters),
     };
   }
 }

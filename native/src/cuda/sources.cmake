@@ -23,6 +23,7 @@ if(RF_CUDA_INCLUDE_DIR)
     "${RF_CUDA_SRC_DIR}/host_workspace.cc"
     "${RF_CUDA_SRC_DIR}/kernels.cc"
     "${RF_CUDA_SRC_DIR}/launch.cc"
+    "${RF_CUDA_SRC_DIR}/agrs.cc"
     "${RF_CUDA_SRC_DIR}/doctor.cc"
     ${RF_KERNEL_SOURCES})
 else()
