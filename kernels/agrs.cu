@@ -60,7 +60,7 @@ extern "C" __global__ void __launch_bounds__(kMaxRanks) rf_signal(
   __syncthreads();
 }
 
-// src + k_dst * src_stride goes to destination k's window at dst_offset (bytes each, all 16-byte
+// src + p * src_stride goes to destination p's window at dst_offset (bytes each, all 16-byte
 // aligned). With `enter`, I first announce enter[my_rank] to my sources and wait for my
 // destinations' enter (nobody writes into a buffer its owner still reads). `arrivals`: a zeroed
 // device word, left zeroed.
@@ -95,7 +95,8 @@ extern "C" __global__ void __launch_bounds__(256) rf_put(
     const int k = int(item % dst_count);
     const int64_t chunk = item / dst_count;
     const int p = ring_dst(rank, world, dst_start, k);
-    const int4* in = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(src) + int64_t(k) * src_stride);
+    // Rank p's part of my input (reduce-scatter: chunk p; allGather: src_stride 0).
+    const int4* in = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(src) + int64_t(p) * src_stride);
     int4* out = reinterpret_cast<int4*>(peer_base[p] + uint64_t(dst_offset));
     int4 v[kUnroll];
 #pragma unroll

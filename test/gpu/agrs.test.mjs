@@ -27,6 +27,45 @@ function assertSameBytes(got, want, what) {
   }
 }
 
+// Each round: open -> allGather x3 (various dtypes and sizes) -> reduceScatter fp32 and bf16 -> close.
+const rounds = [
+  { gathers: [['fp32', [3, 5]], ['bf16', [64, 128]], ['int32', [300_001]]], rs: [['fp32', 4099], ['bf16', 65_536]] },
+  { gathers: [['bf16', [1]], ['fp32', [262_144]], ['int32', [1024, 3]]], rs: [['fp32', 4096], ['bf16', 1001]] },
+  { gathers: [['int32', [7]], ['bf16', [1024, 1024]], ['fp32', [16]]], rs: [['fp32', 300_000], ['bf16', 524_288]] },
+];
+
+async function sessionRound(gpu, host, round, i) {
+  const sizes = [...round.gathers.map(([d, s]) => s.reduce((a, b) => a * b, 1) * (d === 'bf16' ? 2 : 4)), ...round.rs.map(([d, n]) => n * (d === 'bf16' ? 2 : 4))];
+  const opts = { maxBytes: Math.max(...sizes), maxAllGathers: 5 };
+  const sg = await gpu.openSession(opts);
+  const sh = await host.openSession(opts);
+  try {
+    let k = 0;
+    for (const [dtype, shape] of round.gathers) {
+      const inputs = [0, 1].map((r) => pattern(dtype, shape, r, 10 * i + k++));
+      assertSameBytes(await sg.allGather(inputs), await sh.allGather(inputs), `allGather ${dtype} [${shape}]`);
+    }
+    for (const [dtype, n] of round.rs) {
+      const inputs = [0, 1].map((r) => pattern(dtype, [2 * n], r, 10 * i + k++));
+      assertSameBytes(await sg.reduceScatter(inputs), await sh.reduceScatter(inputs), `reduceScatter ${dtype} n=${n}`);
+    }
+  } finally {
+    await sg.close();
+    await sh.close();
+  }
+}
+
+const PP_SHAPES = [['bf16', [8]], ['fp32', [3]], ['int32', [1000]], ['bf16', [1024, 1024]], ['fp32', [4096, 64]], ['bf16', [8192, 2048]], ['int32', [1]]];
+
+async function ppRounds(gpu, host) {
+  for (const [k, [dtype, shape]] of PP_SHAPES.entries()) {
+    const inputs = [0, 1].map((r) => pattern(dtype, shape, r, k));
+    const got = await gpu.ppExchange(inputs);
+    assertSameBytes(got, await host.ppExchange(inputs), `ppExchange ${dtype} [${shape}]`);
+    assertSameBytes(got, [inputs[1], inputs[0]], `ppExchange ${dtype} [${shape}] vs inputs`);
+  }
+}
+
 describe('AGRS sessions on cuda', () => {
   let gpu, host;
   before(async () => {
@@ -49,29 +88,9 @@ describe('AGRS sessions on cuda', () => {
       assert.deepEqual(paths[r], ['session.opening', 'session.open', 'session.gathering', 'session.open', 'session.reducing', 'session.open', 'session.closing', 'ready']);
   });
 
-  // Each round: open -> allGather x3 (various dtypes and sizes) -> reduceScatter fp32 and bf16 -> close.
-  const rounds = [
-    { gathers: [['fp32', [3, 5]], ['bf16', [64, 128]], ['int32', [300_001]]], rs: [['fp32', 4099], ['bf16', 65_536]] },
-    { gathers: [['bf16', [1]], ['fp32', [262_144]], ['int32', [1024, 3]]], rs: [['fp32', 4096], ['bf16', 1001]] },
-    { gathers: [['int32', [7]], ['bf16', [1024, 1024]], ['fp32', [16]]], rs: [['fp32', 300_000], ['bf16', 524_288]] },
-  ];
   rounds.forEach((round, i) => {
     test(`session round ${i}: allGather x3 and reduceScatter fp32/bf16 equal the host group's, bit for bit; then close and reopen`, async () => {
-      const sizes = [...round.gathers.map(([d, s]) => s.reduce((a, b) => a * b, 1) * (d === 'bf16' ? 2 : 4)), ...round.rs.map(([d, n]) => n * (d === 'bf16' ? 2 : 4))];
-      const opts = { maxBytes: Math.max(...sizes), maxAllGathers: 5 };
-      const sg = await gpu.openSession(opts);
-      const sh = await host.openSession(opts);
-      let k = 0;
-      for (const [dtype, shape] of round.gathers) {
-        const inputs = [0, 1].map((r) => pattern(dtype, shape, r, 10 * i + k++));
-        assertSameBytes(await sg.allGather(inputs), await sh.allGather(inputs), `allGather ${dtype} [${shape}]`);
-      }
-      for (const [dtype, n] of round.rs) {
-        const inputs = [0, 1].map((r) => pattern(dtype, [2 * n], r, 10 * i + k++));
-        assertSameBytes(await sg.reduceScatter(inputs), await sh.reduceScatter(inputs), `reduceScatter ${dtype} n=${n}`);
-      }
-      await sg.close();
-      await sh.close();
+      await sessionRound(gpu, host, round, i);
       assert.deepEqual(gpu.snapshot().map((r) => r.state), ['ready', 'ready']);
     });
   });
@@ -153,14 +172,30 @@ describe('pipeline send/recv on cuda', () => {
     const host = await createGroup({ backend: 'host', ranks: 2, buffer: BUFFER });
     try {
       const paths = recordPaths(gpu);
-      const shapes = [['bf16', [8]], ['fp32', [3]], ['int32', [1000]], ['bf16', [1024, 1024]], ['fp32', [4096, 64]], ['bf16', [8192, 2048]], ['int32', [1]]];
-      for (const [k, [dtype, shape]] of shapes.entries()) {
-        const inputs = [0, 1].map((r) => pattern(dtype, shape, r, k));
-        const got = await gpu.ppExchange(inputs);
-        assertSameBytes(got, await host.ppExchange(inputs), `ppExchange ${dtype} [${shape}]`);
-        assertSameBytes(got, [inputs[1], inputs[0]], `ppExchange ${dtype} [${shape}] vs inputs`);
-      }
+      await ppRounds(gpu, host);
       for (const r of [0, 1]) assert.deepEqual(paths[r].slice(0, 2), ['pipeline', 'ready']);
+    } finally {
+      await gpu.destroy();
+      await host.destroy();
+    }
+  });
+});
+
+describe('copy engines for every put (RANKFLOW_CE_MIN_BYTES=0)', () => {
+  test('sessions and ppExchange through cuMemcpyAsync into the peers\' windows equal the host group\'s', async () => {
+    const saved = process.env.RANKFLOW_CE_MIN_BYTES;
+    process.env.RANKFLOW_CE_MIN_BYTES = '0'; // read by each rank when its GPU side is created
+    let gpu;
+    try {
+      gpu = await createGroup({ backend: 'cuda', ranks: 2, buffer: BUFFER });
+    } finally {
+      if (saved === undefined) delete process.env.RANKFLOW_CE_MIN_BYTES;
+      else process.env.RANKFLOW_CE_MIN_BYTES = saved;
+    }
+    const host = await createGroup({ backend: 'host', ranks: 2, buffer: BUFFER });
+    try {
+      for (const [i, round] of rounds.entries()) await sessionRound(gpu, host, round, 20 + i);
+      await ppRounds(gpu, host);
     } finally {
       await gpu.destroy();
       await host.destroy();

@@ -37,7 +37,9 @@ void AgrsKernels::put(CUstream s, const SignalArgs& a, CUdeviceptr src, int64_t 
   RF_CUDA_REQUIRE(bytes % 16 == 0 && src % 16 == 0 && src_stride % 16 == 0 && dst_offset % 16 == 0,
                   "put: bytes (" + std::to_string(bytes) + "), source, stride and destination must be multiples of 16.");
   RF_CUDA_REQUIRE(a.seq != 0 && arrivals != 0, "put: sequence 0 is reserved; arrivals is required.");
-  constexpr int64_t kBytesPerBlock = int64_t(256) << 10;
+  // 32 KiB per block: 1 MiB already spreads over 32 SMs (256 KiB per block left 1-4 MiB puts
+  // latency-bound at 59-227 GB/s in the first bench run).
+  constexpr int64_t kBytesPerBlock = int64_t(32) << 10;
   const int cap = std::max(1, sm_count);
   const int64_t total = bytes * std::max(1, ring.dst_count);
   const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(cap, (total + kBytesPerBlock - 1) / kBytesPerBlock)));

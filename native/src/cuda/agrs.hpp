@@ -22,7 +22,7 @@ class AgrsKernels {
   explicit AgrsKernels(Kernels& k);
   // Batched write-and-wait of `value` in slot `array` (a.seq is ignored).
   void signal(CUstream s, const SignalArgs& a, int64_t array, uint32_t value, Ring ring, uint64_t phase) const;
-  // src + k * src_stride -> destination k's window at dst_offset, bytes each (16-byte multiples and
+  // src + p * src_stride -> destination p's window at dst_offset, bytes each (16-byte multiples and
   // aligned), then done (a.seq) to the destinations, waiting for the sources' done (phase on timeout).
   void put(CUstream s, const SignalArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
            Ring ring, bool enter, uint64_t phase, CUdeviceptr arrivals, int sm_count) const;
