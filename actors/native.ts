@@ -55,6 +55,8 @@ export interface NativeContext {
   engramWrite(table: ArrayBufferView, entries: number, rowBytes: number): Promise<void>;
   engramFetch(ids: Int32Array): Promise<Uint8Array>;
   ppExchange(bytes: Uint8Array): Promise<Uint8Array>;
+  /** cuda: microseconds per call of `op` (ce, ag, rs-fp32, rs-bf16, pp, engram) on device-resident data, CUDA events */
+  benchAgrs(op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number): Promise<number>;
 }
 
 export interface NativeDispatchInput {

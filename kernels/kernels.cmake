@@ -7,7 +7,7 @@
 include_guard(GLOBAL)
 
 set(RF_KERNELS_DIR "${CMAKE_CURRENT_LIST_DIR}")
-set(RF_KERNEL_NAMES barrier all_gather dispatch combine)
+set(RF_KERNEL_NAMES barrier all_gather dispatch combine agrs)
 set(RF_CUDA_ARCH 90 CACHE STRING "GPU architecture the kernels are compiled for (sm_XX)")
 option(RF_WITH_KERNELS "compile and embed the CUDA kernels when nvcc is found" ON)
 if(RF_WITH_KERNELS)

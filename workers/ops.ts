@@ -268,6 +268,9 @@ export class RankOps {
         checkTensor('input', t);
         return self.ppExchange(t);
       },
+      /** cuda: microseconds per call of an AGRS/engram/pipeline op on device-resident data (bench/gpu-agrs) */
+      benchAgrs: (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) =>
+        self.native.benchAgrs(op, engine, bytes, iters),
     };
   }
 

@@ -156,6 +156,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                            InstanceMethod<&ContextWrap::EngramWrite>("engramWrite"),
                            InstanceMethod<&ContextWrap::EngramFetch>("engramFetch"),
                            InstanceMethod<&ContextWrap::PpExchange>("ppExchange"),
+                           InstanceMethod<&ContextWrap::BenchAgrs>("benchAgrs"),
                        });
   }
 
@@ -508,20 +509,20 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   }
 
   Napi::Value SessionOpen(const Napi::CallbackInfo& info) {
-    Context& c = host_ctx(info.Env(), "openSession");
+    Context& c = ctx(info.Env());
     const int64_t max_bytes = info[0].As<Napi::Number>().Int64Value();
     const int64_t max_ag = info[1].As<Napi::Number>().Int64Value();
     return schedule(info.Env(), {}, [&c, max_bytes, max_ag] { ops::session_open(c, max_bytes, max_ag); });
   }
 
   Napi::Value SessionClose(const Napi::CallbackInfo& info) {
-    Context& c = host_ctx(info.Env(), "session close");
+    Context& c = ctx(info.Env());
     return schedule(info.Env(), {}, [&c] { ops::session_close(c); });
   }
 
   Napi::Value SessionAllGather(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "session allGather");
+    Context& c = ctx(env);
     const auto in = info[0].As<Napi::Uint8Array>();
     auto out = Napi::Uint8Array::New(env, in.ByteLength() * size_t(c.world()));
     const uint8_t* src = in.Data();
@@ -534,7 +535,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   // (input typed array of W*n elements, bf16?) -> output typed array of n elements
   Napi::Value SessionReduceScatter(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "session reduceScatter");
+    Context& c = ctx(env);
     const auto in = info[0].As<Napi::TypedArray>();
     const bool bf16 = info[1].ToBoolean().Value();
     const int64_t esz = bf16 ? 2 : 4;
@@ -550,7 +551,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value EngramWrite(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "engramWrite");
+    Context& c = ctx(env);
     const auto table = info[0].As<Napi::TypedArray>();
     const int64_t entries = info[1].As<Napi::Number>().Int64Value();
     const int64_t row_bytes = info[2].As<Napi::Number>().Int64Value();
@@ -560,7 +561,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value EngramFetch(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "engramFetch");
+    Context& c = ctx(env);
     const auto ids = info[0].As<Napi::Int32Array>();
     if (c.engram_entries < 0) throw to_js_error(env, "STATE", "engramFetch before engramWrite: no table is stored", -1, "");
     auto out = Napi::Uint8Array::New(env, ids.ElementLength() * size_t(c.engram_row_bytes));
@@ -573,7 +574,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value PpExchange(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "ppExchange");
+    Context& c = ctx(env);
     const auto in = info[0].As<Napi::Uint8Array>();
     auto out = Napi::Uint8Array::New(env, in.ByteLength());
     const uint8_t* src = in.Data();
@@ -581,6 +582,20 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     const int64_t n = int64_t(in.ByteLength());
     return schedule(env, {in, out}, [&c, src, n, dst] { ops::pp_exchange(c, src, n, dst); },
                     resolve_with_output);
+  }
+
+  // cuda: (op, engine, bytes, iters) -> microseconds per call on device-resident data (bench/gpu-agrs).
+  Napi::Value BenchAgrs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = ctx(env);
+    if (!c.on_cuda()) throw_einval(env, "benchAgrs runs on backend 'cuda' only");
+    const std::string op = info[0].As<Napi::String>().Utf8Value();
+    const std::string engine = info[1].As<Napi::String>().Utf8Value();
+    const int64_t bytes = info[2].As<Napi::Number>().Int64Value();
+    const int64_t iters = info[3].As<Napi::Number>().Int64Value();
+    auto us = std::make_shared<double>(0);
+    return schedule(env, {}, [&c, op, engine, bytes, iters, us] { *us = c.device->bench(op, engine, bytes, iters); },
+                    [us](Napi::Env e, Call&) -> Napi::Value { return Napi::Number::New(e, *us); });
   }
 
   static void OnEnvCleanup(void* arg) {

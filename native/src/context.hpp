@@ -85,6 +85,18 @@ class DeviceBackend {
   virtual void all_gather(const uint8_t* in, int64_t bytes, uint8_t* out) = 0;
   virtual void read_window(int64_t offset, int64_t len, uint8_t* out) = 0;
   virtual uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) = 0;
+  // AGRS sessions, engram and pipeline: ops/session.cc and ops/pipeline.cc route here after their
+  // checks, with the seq, session values and buffer offsets the host executor uses.
+  // Session open (enter_seq != 0: an enter round first) and close: batched write-and-wait of `value`.
+  virtual void session_signal(uint32_t enter_seq, uint32_t value, uint64_t phase) = 0;
+  virtual void session_all_gather(const uint8_t* in, int64_t bytes, int64_t at, uint32_t seq, uint8_t* out) = 0;
+  virtual void session_reduce_scatter(const void* in, int64_t n, bool bf16, int64_t at, uint32_t seq, void* out) = 0;
+  virtual void engram_write(const uint8_t* table, int64_t bytes, uint32_t seq) = 0;
+  virtual void engram_fetch(const int32_t* ids, int64_t n, int64_t entries, int64_t row_bytes, uint8_t* out) = 0;
+  virtual void pp_exchange(const uint8_t* in, int64_t bytes, uint32_t seq, uint8_t* out) = 0;
+  // Benchmark of one op on device-resident data, timed with CUDA events: microseconds per call
+  // (bench/gpu-agrs.ts). Every rank calls it together with the same arguments.
+  virtual double bench(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters) = 0;
   virtual const char* memory_kind() const = 0;
   virtual int64_t stride() const = 0;
   virtual uint64_t window(int peer) const = 0;

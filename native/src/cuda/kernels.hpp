@@ -19,6 +19,8 @@ class Kernels {
 
   CUfunction barrier() const { return barrier_; }
   CUfunction all_gather() const { return all_gather_; }
+  // Another entry point of an embedded image, loaded into this context (kept until destruction).
+  CUfunction entry(const char* image, const char* name) { return function(image, name); }
 
  private:
   CUfunction function(const char* image, const char* entry);

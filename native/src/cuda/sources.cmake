@@ -24,6 +24,7 @@ if(RF_CUDA_INCLUDE_DIR)
     "${RF_CUDA_SRC_DIR}/kernels.cc"
     "${RF_CUDA_SRC_DIR}/launch.cc"
     "${RF_CUDA_SRC_DIR}/moe_launch.cc"
+    "${RF_CUDA_SRC_DIR}/agrs.cc"
     "${RF_CUDA_SRC_DIR}/doctor.cc"
     ${RF_KERNEL_SOURCES})
 else()

@@ -9,10 +9,13 @@
 #include <sched.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <random>
 #include <string>
 #include <thread>
 
+#include "../cuda/agrs.hpp"
 #include "../cuda/device.hpp"
 #include "../cuda/driver.hpp"
 #include "../cuda/host_workspace.hpp"
@@ -83,6 +86,12 @@ class CudaRank final : public DeviceBackend {
       std::vector<cuda::ExportedSegments> fds(peers.size());
       for (size_t p = 0; p < peers.size(); ++p) fds[p] = {peers[p].device_fd, peers[p].host_fd};
       mem_.import_peers(fds);  // same process: the fds are borrowed, closed by their owner at destroy
+      if (c_.cpu_bytes > 0) {  // engram: every rank's host segment, as my GPU addresses it
+        std::vector<uint64_t> seg(size_t(c_.world()));
+        for (int p = 0; p < c_.world(); ++p) seg[size_t(p)] = uint64_t(mem_.host_segment(p));
+        RF_CU(cuMemAlloc, &segments_, seg.size() * sizeof(uint64_t));
+        RF_CU(cuMemcpyHtoD, segments_, seg.data(), seg.size() * sizeof(uint64_t));
+      }
       if (comm_ != nullptr) {
         // Collective: every rank registers its device segment at the same time.
         RF_NCCL(ncclCommWindowRegister, comm_, reinterpret_cast<void*>(mem_.window()), size_t(mem_.device_bytes()),
@@ -169,6 +178,164 @@ class CudaRank final : public DeviceBackend {
     return uint64_t(dst);
   }
 
+  // --- AGRS sessions, engram, pipeline (the host executor's phases: ops/session.cc, ops/pipeline.cc) ---
+
+  void session_signal(uint32_t enter_seq, uint32_t value, uint64_t phase) override {
+    check_alive(phase_name(phase));
+    translating(rank(), [&] {
+      cuda::SignalArgs a = signal_args(enter_seq != 0 ? enter_seq : c_.seq);
+      if (enter_seq != 0) agrs_->signal(stream_, a, c_.ws.enter, enter_seq, all_ring(), phase);
+      agrs_->signal(stream_, a, c_.ws.session, value, all_ring(), phase);
+    });
+    sync(a_seq_);
+  }
+
+  void session_all_gather(const uint8_t* in, int64_t bytes, int64_t at, uint32_t seq, uint8_t* out) override {
+    check_alive("session allGather");
+    const int W = c_.world();
+    const int64_t region = c_.ws.bytes + at;              // window offset of this collective's region
+    const int64_t mine = region + int64_t(rank()) * bytes;  // my part, in every rank's window
+    translating(rank(), [&] {
+      // My part goes straight into my own slot of the region; from there to every peer's.
+      if (bytes > 0) RF_CU(cuMemcpyHtoDAsync, mem_.window() + CUdeviceptr(mine), in, size_t(bytes), stream_);
+      cuda::SignalArgs a = signal_args(seq);
+      put(a, mem_.window() + CUdeviceptr(mine), 0, bytes, mine, cuda::Ring{1, W - 1, 1, W - 1}, false,
+          kPhaseSessionGather);
+    });
+    sync(a_seq_);
+    if (bytes > 0)
+      translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out, mem_.window() + CUdeviceptr(region), size_t(bytes * W)); });
+  }
+
+  void session_reduce_scatter(const void* in, int64_t n, bool bf16, int64_t at, uint32_t seq, void* out) override {
+    check_alive("session reduceScatter");
+    const int W = c_.world();
+    const int64_t chunk = n * (bf16 ? 2 : 4);
+    const int64_t region = c_.ws.bytes + at;
+    translating(rank(), [&] {
+      // My W chunks are staged on the device; chunk q goes to rank q's region at my rank's slot.
+      const CUdeviceptr stage = staging(chunk * W);
+      if (chunk > 0) RF_CU(cuMemcpyHtoDAsync, stage, in, size_t(chunk * W), stream_);
+      cuda::SignalArgs a = signal_args(seq);
+      put(a, stage, chunk, chunk, region + int64_t(rank()) * chunk, cuda::Ring{0, W, 1, W - 1}, false,
+          kPhaseSessionReduce);
+      // The input is consumed (stream order): the sum lands at the start of the staging area.
+      agrs_->reduce(stream_, mem_.window() + CUdeviceptr(region), W, n, bf16, stage, dev_->sm_count());
+    });
+    sync(a_seq_);
+    if (chunk > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out, stage_, size_t(chunk)); });
+  }
+
+  void engram_write(const uint8_t* table, int64_t bytes, uint32_t seq) override {
+    check_alive("engramWrite");
+    translating(rank(), [&] {
+      cuda::SignalArgs a = signal_args(seq);
+      // Peers may still be fetching from the previous table: overwrite only once all of them moved on.
+      agrs_->signal(stream_, a, c_.ws.enter, seq, all_ring(), kPhaseEnter);
+      if (bytes > 0) RF_CU(cuMemcpyHtoDAsync, mem_.host_segment(rank()), table, size_t(bytes), stream_);
+      agrs_->signal(stream_, a, c_.ws.done, seq, all_ring(), kPhaseEngram);
+    });
+    sync(a_seq_);
+  }
+
+  void engram_fetch(const int32_t* ids, int64_t n, int64_t entries, int64_t row_bytes, uint8_t* out) override {
+    check_alive("engramFetch");
+    if (n == 0) return;
+    const int64_t ids_bytes = align_up(n * 4, kRegionAlignment);
+    translating(rank(), [&] {
+      const CUdeviceptr stage = staging(ids_bytes + n * row_bytes);
+      RF_CU(cuMemcpyHtoDAsync, stage, ids, size_t(n * 4), stream_);
+      agrs_->engram_fetch(stream_, segments_, stage, n, entries, row_bytes, stage + CUdeviceptr(ids_bytes),
+                          dev_->sm_count());
+    });
+    sync(c_.seq);
+    translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out, stage_ + CUdeviceptr(ids_bytes), size_t(n * row_bytes)); });
+  }
+
+  void pp_exchange(const uint8_t* in, int64_t bytes, uint32_t seq, uint8_t* out) override {
+    check_alive("ppExchange");
+    translating(rank(), [&] {
+      const CUdeviceptr stage = staging(bytes);
+      if (bytes > 0) RF_CU(cuMemcpyHtoDAsync, stage, in, size_t(bytes), stream_);
+      cuda::SignalArgs a = signal_args(seq);
+      put(a, stage, 0, bytes, c_.ws.bytes, cuda::Ring{1, 1, 1, 1}, true, kPhasePipeline);
+    });
+    sync(a_seq_);
+    if (bytes > 0)
+      translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out, mem_.window() + CUdeviceptr(c_.ws.bytes), size_t(bytes)); });
+  }
+
+  double bench(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters) override {
+    check_alive("bench");
+    const int W = c_.world();
+    RF_CHECK(iters > 0 && bytes > 0 && bytes % 16 == 0, "EINVAL", "bench: bytes must be a positive multiple of 16");
+    RF_CHECK(engine == "kernel" || engine == "ce" || engine == "auto", "EINVAL", "bench: engine is kernel, ce or auto");
+    const bool is_engram = op == "engram";
+    RF_CHECK(is_engram || bytes * W <= c_.buffer_bytes(), "EINVAL",
+             "bench " + op + " of " + std::to_string(bytes) + " bytes per rank needs " + std::to_string(bytes * W) +
+                 " buffer bytes; the buffer has " + std::to_string(c_.buffer_bytes()));
+    RF_CHECK(!is_engram || c_.engram_entries > 0, "EINVAL", "bench engram needs an engramWrite first");
+    const int saved = ce_min_bytes_;
+    if (engine == "kernel") ce_min_bytes_ = 1 << 30;
+    if (engine == "ce") ce_min_bytes_ = 0;
+    double us = 0;
+    translating(rank(), [&] {
+      const int64_t src_bytes = is_engram ? align_up(bytes * 4, kRegionAlignment) + bytes * c_.engram_row_bytes
+                                          : bytes * W * 2;
+      const CUdeviceptr src = staging(src_bytes);
+      if (is_engram) {  // `bytes` random global row ids, the same on every run
+        std::mt19937 gen(1234 + rank());
+        std::uniform_int_distribution<int32_t> pick(0, int32_t(c_.engram_entries * W - 1));
+        std::vector<int32_t> ids(static_cast<size_t>(bytes));
+        for (auto& id : ids) id = pick(gen);
+        RF_CU(cuMemcpyHtoD, src, ids.data(), ids.size() * 4);
+      } else {
+        RF_CU(cuMemsetD8Async, src, 0x3c, size_t(src_bytes), stream_);
+      }
+      CUevent start = nullptr, stop = nullptr;
+      RF_CU(cuEventCreate, &start, CU_EVENT_DEFAULT);
+      RF_CU(cuEventCreate, &stop, CU_EVENT_DEFAULT);
+      const int64_t base = c_.ws.bytes;
+      auto once = [&] {
+        cuda::SignalArgs a = signal_args(c_.next_seq());
+        if (op == "ce") {  // the copy-engine limit: my bytes into every peer's window, no signals
+          for (int k = 1; k < W; ++k) {
+            const int p = (rank() + k) % W;
+            RF_CU(cuMemcpyAsync, mem_.peer_base(p) + CUdeviceptr(base + rank() * bytes), src, size_t(bytes), stream_);
+          }
+        } else if (op == "ag") {
+          put(a, src, 0, bytes, base + rank() * bytes, cuda::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
+        } else if (op == "rs-fp32" || op == "rs-bf16") {
+          const bool bf = op == "rs-bf16";
+          put(a, src, bytes, bytes, base + rank() * bytes, cuda::Ring{0, W, 1, W - 1}, false, kPhaseSessionReduce);
+          agrs_->reduce(stream_, mem_.window() + CUdeviceptr(base), W, bytes / (bf ? 2 : 4), bf,
+                        src + CUdeviceptr(bytes * W), dev_->sm_count());
+        } else if (op == "pp") {
+          put(a, src, 0, bytes, base, cuda::Ring{1, 1, 1, 1}, true, kPhasePipeline);
+        } else if (op == "engram") {
+          agrs_->engram_fetch(stream_, segments_, src, bytes, c_.engram_entries, c_.engram_row_bytes,
+                              src + CUdeviceptr(align_up(bytes * 4, kRegionAlignment)), dev_->sm_count());
+        } else {
+          throw Error("EINVAL", "bench: unknown op '" + op + "' (ce, ag, rs-fp32, rs-bf16, pp, engram)");
+        }
+      };
+      for (int i = 0; i < 3; ++i) once();  // warm-up
+      cuda::launch_barrier(*kernels_, stream_, signal_args(c_.next_seq()));
+      RF_CU(cuEventRecord, start, stream_);
+      for (int64_t i = 0; i < iters; ++i) once();
+      RF_CU(cuEventRecord, stop, stream_);
+      cuda::launch_barrier(*kernels_, stream_, signal_args(c_.next_seq()));
+      sync(a_seq_);
+      float ms = 0;
+      RF_CU(cuEventElapsedTime, &ms, start, stop);
+      driver().cuEventDestroy(start);
+      driver().cuEventDestroy(stop);
+      us = double(ms) * 1000.0 / double(iters);
+    });
+    ce_min_bytes_ = saved;
+    return us;
+  }
+
   const char* memory_kind() const override { return cuda::memory_kind_name(mem_.kind()); }
   int64_t stride() const override { return mem_.stride(); }
   uint64_t window(int peer) const override { return uint64_t(mem_.peer_base(peer)); }
@@ -204,10 +371,14 @@ class CudaRank final : public DeviceBackend {
       const cuda::Driver& d = driver();
       if (stream_ != nullptr) d.cuStreamDestroy(stream_);
       if (scratch_ != 0) d.cuMemFree(scratch_);
+      if (segments_ != 0) d.cuMemFree(segments_);
+      if (stage_ != 0) d.cuMemFree(stage_);
     } catch (...) {
     }
     stream_ = nullptr;
-    scratch_ = 0;
+    scratch_ = segments_ = stage_ = 0;
+    stage_bytes_ = 0;
+    agrs_.reset();
     diag_.destroy();
     mem_.destroy();
     dev_.reset();  // releases the primary context (a trapped one is reset once nobody holds it)
@@ -223,6 +394,9 @@ class CudaRank final : public DeviceBackend {
     const auto kind = cuda::choose_memory_kind(c_.cpu_bytes, c_.cfg.hybrid);
     mem_.create(rank(), c_.world(), *dev_, c_.sym_bytes, c_.cpu_bytes, kind, c_.dom.num_scaleup_ranks);
     kernels_ = std::make_unique<cuda::Kernels>();
+    agrs_ = std::make_unique<cuda::AgrsKernels>(*kernels_);
+    // Puts of at least this many bytes per destination go through copy engines (RANKFLOW_CE_MIN_BYTES).
+    if (const char* v = std::getenv("RANKFLOW_CE_MIN_BYTES")) ce_min_bytes_ = std::atoi(v);
     RF_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING);
     diag_.create(4096);
     // Device scratch: the peer table kernels take, then the allGather's arrivals word.
@@ -248,6 +422,52 @@ class CudaRank final : public DeviceBackend {
     a.diag = diag_.device();
     a_seq_ = seq;
     return a;
+  }
+
+  // Every peer: signal all of them, wait for all of them.
+  cuda::Ring all_ring() const { return cuda::Ring{1, c_.world() - 1, 1, c_.world() - 1}; }
+
+  // A private device staging area for host tensors (driver mode), grown on demand, not symmetric:
+  // the buffer's size rules stay those of the host backend.
+  CUdeviceptr staging(int64_t bytes) {
+    if (bytes > stage_bytes_) {
+      if (stage_ != 0) {
+        RF_CU(cuStreamSynchronize, stream_);
+        RF_CU(cuMemFree, stage_);
+        stage_ = 0;
+        stage_bytes_ = 0;
+      }
+      const int64_t want = align_up(bytes, kAlignment);
+      RF_CU(cuMemAlloc, &stage_, size_t(want));
+      stage_bytes_ = want;
+    }
+    return stage_;
+  }
+
+  // src + p * src_stride -> destination p's window at dst_offset, then done (a.seq) to the
+  // destinations and a wait for the sources' done. Peer pointers (rf_put) below ce_min_bytes_ per
+  // destination, copy engines (cuMemcpyAsync into the peers' windows, then rf_signal) from there on,
+  // and whenever the bytes are not 16-byte vectors.
+  void put(const cuda::SignalArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
+           cuda::Ring ring, bool enter, uint64_t phase) {
+    const int W = c_.world();
+    const bool aligned = bytes % 16 == 0 && src % 16 == 0 && src_stride % 16 == 0 && dst_offset % 16 == 0;
+    if (aligned && bytes < ce_min_bytes_) {
+      agrs_->put(stream_, a, src, src_stride, bytes, dst_offset, ring, enter, phase, arrivals_, dev_->sm_count());
+      return;
+    }
+    // enter: announce to my sources, wait for my destinations (the reverse ring).
+    if (enter)
+      agrs_->signal(stream_, a, c_.ws.enter, a.seq,
+                    cuda::Ring{W - ring.src_start % W, ring.src_count, W - ring.dst_start % W, ring.dst_count},
+                    kPhaseEnter);
+    if (bytes > 0)
+      for (int k = 0; k < ring.dst_count && k < W; ++k) {
+        const int p = (rank() + ring.dst_start + k) % W;
+        RF_CU(cuMemcpyAsync, mem_.peer_base(p) + CUdeviceptr(dst_offset), src + CUdeviceptr(p * src_stride),
+              size_t(bytes), stream_);
+      }
+    agrs_->signal(stream_, a, c_.ws.done, a.seq, ring, phase);
   }
 
   void check_alive(const char* what) const {
@@ -301,7 +521,7 @@ class CudaRank final : public DeviceBackend {
       std::vector<uint64_t> row(size_t(c_.world()) * (kSlotBytes / sizeof(uint64_t)), 0);
       const uint64_t v = encode_signal(seq + 0x40000000u, 0);
       for (int p = 0; p < c_.world(); ++p) row[size_t(p) * (kSlotBytes / sizeof(uint64_t))] = v;
-      for (int64_t array : {c_.ws.barrier, c_.ws.enter, c_.ws.done})
+      for (int64_t array : {c_.ws.barrier, c_.ws.enter, c_.ws.done, c_.ws.session})
         driver().cuMemcpyHtoD(mem_.window() + CUdeviceptr(array), row.data(), row.size() * sizeof(uint64_t));
     } catch (...) {
     }
@@ -377,6 +597,12 @@ class CudaRank final : public DeviceBackend {
   std::unique_ptr<cuda::DeviceContext> dev_;
   cuda::SymmetricMemory mem_;
   std::unique_ptr<cuda::Kernels> kernels_;
+  std::unique_ptr<cuda::AgrsKernels> agrs_;
+  CUdeviceptr segments_ = 0, stage_ = 0;  // engram: host segment of every rank; driver-mode staging
+  int64_t stage_bytes_ = 0;
+  // bench/gpu-agrs on 2x H200: peer-pointer puts beat copy engines up to 32 MiB per destination
+  // (329 vs 326 GB/s in the first run), copy engines win at 64 MiB (355 vs 341).
+  int ce_min_bytes_ = 48 << 20;
   CUstream stream_ = nullptr;
   cuda::HostWorkspace diag_;
   CUdeviceptr scratch_ = 0, arrivals_ = 0;

@@ -40,11 +40,16 @@ void session_open(Context& c, int64_t max_bytes, int64_t max_all_gathers) {
   c.next_seq();
   // The buffer may still hold data a slow peer reads for the previous op: wait until all entered.
   const uint32_t s = c.seq;
-  c.announce(s);
-  for (int p = 0; p < c.world(); ++p)
-    if (p != c.rank()) c.wait_for(c.my_slot(c.ws.enter, p), s, WaitSite{kPhaseSessionOpen, p, "enter"}, WaitKind::Device);
-  c.session.index += 1;
-  write_and_wait(c, 2 * c.session.index - 1, kPhaseSessionOpen);
+  if (c.on_cuda()) {  // kernels: native/src/gpu/rank.cc
+    c.device->session_signal(s, 2 * (c.session.index + 1) - 1, kPhaseSessionOpen);
+    c.session.index += 1;
+  } else {
+    c.announce(s);
+    for (int p = 0; p < c.world(); ++p)
+      if (p != c.rank()) c.wait_for(c.my_slot(c.ws.enter, p), s, WaitSite{kPhaseSessionOpen, p, "enter"}, WaitKind::Device);
+    c.session.index += 1;
+    write_and_wait(c, 2 * c.session.index - 1, kPhaseSessionOpen);
+  }
   c.session.open = true;
   c.session.max_bytes = max_bytes;
   c.session.max_all_gathers = max_all_gathers;
@@ -55,13 +60,15 @@ void session_open(Context& c, int64_t max_bytes, int64_t max_all_gathers) {
 void session_close(Context& c) {
   RF_CHECK(c.session.open, "STATE", "no AGRS session is open");
   c.next_seq();
-  write_and_wait(c, 2 * c.session.index, kPhaseSessionClose);
+  if (c.on_cuda()) c.device->session_signal(0, 2 * c.session.index, kPhaseSessionClose);
+  else write_and_wait(c, 2 * c.session.index, kPhaseSessionClose);
   c.session.open = false;
 }
 
 void session_all_gather(Context& c, const uint8_t* in, int64_t bytes, uint8_t* out) {
   const int64_t at = reserve(c, bytes * c.world(), "session allGather");
   const uint32_t s = c.next_seq();
+  if (c.on_cuda()) return c.device->session_all_gather(in, bytes, at, s, out);
   const int64_t mine = at + int64_t(c.rank()) * bytes;
   std::memcpy(c.buffer() + mine, in, size_t(bytes));
   for (int i = 1; i < c.world(); ++i) {
@@ -77,6 +84,7 @@ void session_reduce_scatter(Context& c, const void* in, int64_t n, bool bf16, vo
   const int64_t esz = bf16 ? 2 : 4, chunk = n * esz;
   const int64_t at = reserve(c, chunk * c.world(), "session reduceScatter");
   const uint32_t s = c.next_seq();
+  if (c.on_cuda()) return c.device->session_reduce_scatter(in, n, bf16, at, s, out);
   const auto* src = static_cast<const uint8_t*>(in);
   // Chunk q of my input goes to rank q, at my rank's slot of its region.
   for (int i = 0; i < c.world(); ++i) {

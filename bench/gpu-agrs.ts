@@ -1,0 +1,103 @@
+// GPU benchmark of AGRS sessions, reduce-scatter, engram fetch and pipeline send/recv on 2 GPUs
+// (node dist/bench/gpu-agrs.js [--out dir] [--commit sha]). A rank program runs native benchmarks on
+// device-resident data (ctx.benchAgrs: the ops' own kernels and copies, without the driver mode's
+// host<->device staging), timed with CUDA events over `iters` back-to-back calls:
+//  - ce: the copy-engine limit, cuMemcpyAsync of my bytes into the peer's window, no signals;
+//  - ag: session allGather (put + done signals) through peer pointers (kernel) and copy engines (ce);
+//  - rs-fp32 / rs-bf16: session reduce-scatter (put of W chunks + done + the reduce kernel);
+//  - pp: pipeline send/recv to the next rank with the enter/done protocol;
+//  - engram: fetch of 512 tokens x 24 entries rows of 128 bf16 from the host segments (random ids).
+// GB/s = bytes a rank sends to peers per call / time (allGather, reduce-scatter: bytes per rank x
+// (W-1)); engram: rows and bytes fetched per second. Writes bench/results/gpu-agrs-<date>.json.
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+
+import { createGroup } from '../actors/index.js';
+import { PACKAGE_ROOT } from '../actors/config.js';
+import type { AgrsCase, AgrsLoopArgs, AgrsLoopResult } from './programs/agrs-loop.js';
+
+const { values: flags } = parseArgs({
+  options: {
+    out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
+    commit: { type: 'string', default: process.env.RANKFLOW_COMMIT ?? '' },
+  },
+});
+
+const MiB = 1 << 20;
+const W = 2;
+const SIZES = [1, 2, 4, 8, 16, 32, 64].map((m) => m * MiB);
+const ENGRAM = { tokens: 512, entries: 24, hidden: 128, entriesPerRank: 65536 };
+
+function commit(): string {
+  if (flags.commit) return flags.commit;
+  try {
+    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
+  } catch {
+    return 'unknown';
+  }
+}
+
+const iters = (bytes: number): number => Math.max(20, Math.min(500, Math.round((256 * MiB) / bytes)));
+const kinds: Array<[string, AgrsCase['engine']]> = [
+  ['ce', 'ce'], ['ag', 'kernel'], ['ag', 'ce'], ['rs-fp32', 'kernel'], ['rs-fp32', 'ce'], ['rs-bf16', 'kernel'],
+  ['pp', 'kernel'], ['pp', 'ce'],
+];
+
+async function main(): Promise<void> {
+  const cases: AgrsCase[] = [];
+  for (const bytes of SIZES) for (const [op, engine] of kinds) cases.push({ op, engine, bytes, iters: iters(bytes) });
+  const fetchRows = ENGRAM.tokens * ENGRAM.entries;
+  cases.push({ op: 'engram', engine: 'auto', bytes: fetchRows, iters: 200 });
+  const rowBytes = ENGRAM.hidden * 2;
+  const group = await createGroup({
+    backend: 'cuda', ranks: W,
+    buffer: {
+      maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 4,
+      bytes: 64 * MiB * W + 32 * MiB, cpuBytes: ENGRAM.entriesPerRank * rowBytes, hybrid: true,
+    },
+  });
+  try {
+    const info = [await group.info(0), await group.info(1)];
+    const gpus = info.map((i) => i.device?.name ?? 'unknown');
+    const args: AgrsLoopArgs = { cases, engram: { entriesPerRank: ENGRAM.entriesPerRank, hidden: ENGRAM.hidden } };
+    const perRank = await group.run<AgrsLoopResult>(new URL('./programs/agrs-loop.js', import.meta.url), args);
+    // The slower rank's time per call is the collective's.
+    const us = cases.map((_, i) => Math.max(...perRank.map((r) => r.us[i]!)));
+    const gbps = (bytes: number, t: number): number => bytes / (t * 1e-6) / 1e9;
+    const figures = cases.map((c, i): AgrsCase & { us: number; GBps: number; rowsPerSec?: number } => {
+      const t = us[i]!;
+      if (c.op === 'engram') return { ...c, us: t, rowsPerSec: c.bytes / (t * 1e-6), GBps: gbps(c.bytes * rowBytes, t) };
+      const sent = c.op === 'pp' ? c.bytes : c.bytes * (W - 1);
+      return { ...c, us: t, GBps: gbps(sent, t) };
+    });
+    const table: Array<Record<string, number>> = [];
+    console.log(`\nrankflow GPU AGRS benchmark: ${W} x ${gpus[0]}, device-resident data, CUDA events`);
+    console.log('| MiB/rank | CE limit GB/s | AG kernel | AG CE | AG best % of CE | RS fp32 kernel | RS fp32 CE | RS bf16 kernel | PP kernel | PP CE |');
+    console.log('|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|');
+    for (const bytes of SIZES) {
+      const f = (op: string, engine: string): number => figures.find((x) => x.bytes === bytes && x.op === op && x.engine === engine)!.GBps;
+      const row = {
+        MiB: bytes / MiB, ce: f('ce', 'ce'), agKernel: f('ag', 'kernel'), agCe: f('ag', 'ce'),
+        rsFp32Kernel: f('rs-fp32', 'kernel'), rsFp32Ce: f('rs-fp32', 'ce'), rsBf16Kernel: f('rs-bf16', 'kernel'),
+        ppKernel: f('pp', 'kernel'), ppCe: f('pp', 'ce'),
+      };
+      table.push(row);
+      const best = Math.max(row.agKernel, row.agCe);
+      console.log(`| ${row.MiB} | ${row.ce.toFixed(1)} | ${row.agKernel.toFixed(1)} | ${row.agCe.toFixed(1)} | ${((100 * best) / row.ce).toFixed(1)} | ${row.rsFp32Kernel.toFixed(1)} | ${row.rsFp32Ce.toFixed(1)} | ${row.rsBf16Kernel.toFixed(1)} | ${row.ppKernel.toFixed(1)} | ${row.ppCe.toFixed(1)} |`);
+    }
+    const e = figures.at(-1)!;
+    console.log(`\nengram fetch ${ENGRAM.tokens} tokens x ${ENGRAM.entries} entries x ${ENGRAM.hidden} hidden bf16 (${fetchRows} rows of ${rowBytes} B from hybrid host segments): ${e.us.toFixed(1)} us, ${(e.rowsPerSec! / 1e6).toFixed(2)} M rows/s, ${e.GBps.toFixed(2)} GB/s`);
+    const date = new Date().toISOString();
+    const result = { date, commit: commit(), gpus, worldSize: W, node: process.version, method: 'rank program, ctx.benchAgrs, CUDA events, max over ranks', engram: ENGRAM, table, figures, perRankUs: perRank };
+    mkdirSync(flags.out!, { recursive: true });
+    const file = path.join(flags.out!, `gpu-agrs-${date.slice(0, 19).replace(/:/g, '-')}.json`);
+    writeFileSync(file, JSON.stringify(result, null, 2) + '\n');
+    console.log(`\nwrote ${file}`);
+  } finally {
+    await group.destroy();
+  }
+}
+
+await main();
