@@ -49,7 +49,7 @@ void record_trap(int rank, const std::string& what) {
 int trapped_elsewhere(int rank, std::string* note) {
   std::lock_guard<std::mutex> lock(g_trap_mutex);
   if (g_trap_rank < 0 || g_trap_rank == rank) return -1;
-  *note = "; not this rank's doing: " + g_trap_what +
+  *note = " Not this rank's doing: " + g_trap_what +
           " in this process, and CUDA's launch failures are sticky for the whole process, so every rank's "
           "context in it is dead (on every GPU): destroy the group. Ranks in separate processes "
           "(createGroup({ world })) keep their GPUs when one of them traps";
@@ -364,7 +364,7 @@ class CudaRank final : public DeviceBackend {
     std::string note;
     const int culprit = trapped_elsewhere(rank(), &note);
     if (culprit >= 0)
-      throw Error("RANK_FAILED", "rank " + std::to_string(rank()) + ": its stream failed with " + name + note, culprit);
+      throw Error("RANK_FAILED", "rank " + std::to_string(rank()) + ": its stream failed with " + name + "." + note, culprit);
     record_trap(rank(), "rank " + std::to_string(rank()) + "'s kernel on GPU " + std::to_string(ordinal_) +
                             " failed with " + name);
     throw Error("RANK_FAILED",
