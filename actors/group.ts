@@ -292,9 +292,9 @@ export class Group extends EventEmitter<GroupEvents> {
   /** Records a local rank's failure once, tells the group, and fails its peers fast when it is the origin. */
   private markFailed(local: number, error: RankflowError, origin = true): void {
     const handle = this.ranks[local]!;
+    if (handle.exited && handle.state !== 'destroyed') handle.state = 'failed';
     if (handle.error) return;
     handle.error = error;
-    if (handle.exited) handle.state = 'failed';
     const rank = handle.rank;
     const m = this.members[local];
     if (m) cutAll(m.untilFailed, error);
@@ -491,8 +491,14 @@ export class Group extends EventEmitter<GroupEvents> {
 
   /** @internal */
   async terminateRank(rank: number): Promise<void> {
-    const m = this.members[rank];
-    if (!m) throw invalid('rank', `${rank} is not a rank of this group`);
+    const local = rank - this.rankOffset;
+    const m = this.members[local];
+    if (!m) throw invalid('rank', `${rank} is not a rank of this process's part of the group`);
+    // The peers are told first, as a lost process is reported: the killed rank's teardown must not
+    // wait on peers that still wait for it (on cuda: a barrier kernel, NCCL's teardown).
+    const h = this.ranks[local]!;
+    if (!h.exited && !this.destroying && h.state !== 'destroyed')
+      this.markFailed(local, new RankflowError('RANK_FAILED', `rank ${rank} was terminated`, { rank, state: h.state }));
     await m.worker.terminate();
     await m.gone.catch(() => {});
   }

@@ -601,6 +601,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   static void OnEnvCleanup(void* arg) {
     auto* self = static_cast<ContextWrap*>(arg);
     self->cleanup_ran_ = true;
+    // The worker ended without destroy() (terminate, crash): nobody waits for this rank's teardown.
+    if (self->ctx_) self->ctx_->abort.abandoned = true;
     self->teardown();
   }
 

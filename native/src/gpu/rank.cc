@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -30,11 +31,42 @@ namespace {
 
 using cuda::driver;
 
+// A kernel that traps (or faults) poisons CUDA for the whole process, not only its own context: the
+// driver's launch failures are sticky per process ("any further CUDA work will return the same
+// error; the process must be terminated"), so every other rank of this process then finds its own
+// context, on its own GPU, dead too (seen on 2x H200: rank 1's GPU 1 fails with
+// CUDA_ERROR_LAUNCH_FAILED after rank 0's kernel trapped on GPU 0, while a rank in another process
+// keeps its GPU). The first such rank is remembered so that the others' errors say where it came from.
+std::mutex g_trap_mutex;
+int g_trap_rank = -1;
+std::string g_trap_what;
+
+void record_trap(int rank, const std::string& what) {
+  std::lock_guard<std::mutex> lock(g_trap_mutex);
+  if (g_trap_rank >= 0) return;
+  g_trap_rank = rank;
+  g_trap_what = what;
+}
+
+// The rank whose kernel poisoned this process, when it is another rank than `rank`; -1 otherwise.
+int trapped_elsewhere(int rank, std::string* note) {
+  std::lock_guard<std::mutex> lock(g_trap_mutex);
+  if (g_trap_rank < 0 || g_trap_rank == rank) return -1;
+  *note = " Not this rank's doing: " + g_trap_what +
+          " in this process, and CUDA's launch failures are sticky for the whole process, so every rank's "
+          "context in it is dead (on every GPU): destroy the group. Ranks in separate processes "
+          "(createGroup({ world })) keep their GPUs when one of them traps";
+  return g_trap_rank;
+}
+
 // A cuda::CudaError as the core's Error: preconditions keep their code (EINVAL refuses an op and
-// leaves the rank usable; BACKEND_UNAVAILABLE), a failed driver or NCCL call fails the rank.
+// leaves the rank usable; BACKEND_UNAVAILABLE), a failed driver or NCCL call fails the rank (or
+// names the rank whose trap poisoned the process).
 Error to_error(const cuda::CudaError& e, int rank) {
   if (e.code == "EINVAL" || e.code == "BACKEND_UNAVAILABLE") return Error(e.code, e.what());
-  return Error("RANK_FAILED", "rank " + std::to_string(rank) + ": " + e.what(), rank);
+  std::string note;
+  const int culprit = trapped_elsewhere(rank, &note);
+  return Error("RANK_FAILED", "rank " + std::to_string(rank) + ": " + e.what() + note, culprit >= 0 ? culprit : rank);
 }
 
 template <typename F>
@@ -354,8 +386,9 @@ class CudaRank final : public DeviceBackend {
       try {
         const cuda::Nccl& n = cuda::nccl();
         // Deregistering and destroying are collective: only when every peer is tearing down too.
-        // After a trap or a peer's failure nobody may answer: abort, which is local.
-        if (dead_ || c_.abort.failed_rank.load() >= 0) {
+        // After a trap, a peer's failure, or when this rank's worker is gone (terminated: its peers
+        // are not tearing down with it), nobody may answer: abort, which is local.
+        if (dead_ || c_.abort.failed_rank.load() >= 0 || c_.abort.abandoned.load()) {
           n.ncclCommAbort(comm_);
         } else {
           if (window_ != nullptr) n.ncclCommWindowDeregister(comm_, window_);
@@ -537,6 +570,8 @@ class CudaRank final : public DeviceBackend {
       const uint64_t phase = diag->phase;
       const int peer = int(diag->peer);
       death_ = "a kernel trapped with " + name;
+      record_trap(rank(), "rank " + std::to_string(rank()) + "'s kernel on GPU " + std::to_string(ordinal_) +
+                              " trapped (TIMEOUT_GPU in " + phase_name(phase) + ")");
       throw Error("TIMEOUT_GPU",
                   "device-phase wait of rank " + std::to_string(rank()) + " in " + phase_name(phase) +
                       " timed out after " + std::to_string(c_.cfg.gpu_timeout_s) + " s on counter " +
@@ -546,6 +581,12 @@ class CudaRank final : public DeviceBackend {
                   peer, phase_name(phase));
     }
     death_ = "a kernel failed with " + name;
+    std::string note;
+    const int culprit = trapped_elsewhere(rank(), &note);
+    if (culprit >= 0)
+      throw Error("RANK_FAILED", "rank " + std::to_string(rank()) + ": its stream failed with " + name + "." + note, culprit);
+    record_trap(rank(), "rank " + std::to_string(rank()) + "'s kernel on GPU " + std::to_string(ordinal_) +
+                            " failed with " + name);
     throw Error("RANK_FAILED",
                 "rank " + std::to_string(rank()) + ": a kernel failed with " + name +
                     " (no timeout was recorded: a fault); the GPU context is dead: destroy the group",

@@ -41,6 +41,9 @@ enum class WaitKind { Device, Cpu };
 struct AbortFlag {
   std::atomic<int> failed_rank{-1};
   std::atomic<bool> stopping{false};
+  // The rank's worker is gone without a destroy() (terminated, crashed): its GPU side tears down
+  // alone, aborting its NCCL communicator instead of the collective deregister/destroy.
+  std::atomic<bool> abandoned{false};
 };
 
 // Spins with backoff (many ranks may share few cores) until pred(load_acquire(slot)) holds.
