@@ -11,20 +11,6 @@
 
 namespace rankflow::cuda {
 
-const char* memory_kind_name(MemoryKind k) {
-  switch (k) {
-    case MemoryKind::GpuOnly: return "gpu";
-    case MemoryKind::Elastic: return "elastic";
-    case MemoryKind::Hybrid: return "hybrid";
-  }
-  return "?";
-}
-
-MemoryKind choose_memory_kind(int64_t host_bytes, bool hybrid) {
-  if (host_bytes <= 0) return MemoryKind::GpuOnly;
-  return hybrid ? MemoryKind::Hybrid : MemoryKind::Elastic;
-}
-
 namespace {
 
 // A cuMem allocation handle released on scope exit: once mapped (or exported), the mapping and the

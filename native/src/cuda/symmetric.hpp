@@ -19,20 +19,17 @@
 #include <utility>
 #include <vector>
 
+#include "../memory_kind.hpp"
+
 namespace rankflow::cuda {
 
 class DeviceContext;
 
-// Same names and rule as rankflow::MemoryKind of the host backend (to be merged into one).
-enum class MemoryKind { GpuOnly, Elastic, Hybrid };
-const char* memory_kind_name(MemoryKind k);
-MemoryKind choose_memory_kind(int64_t host_bytes, bool hybrid);  // the seed's rule (symmetric.hpp:291)
-
-// What one rank exports so that peers can map its memory. The fds stay owned by the exporter.
-struct ExportedSegments {
-  int device_fd = -1;
-  int host_fd = -1;  // -1 for GPU-only memory
-};
+// One set of kinds and exports for both backends.
+using rankflow::choose_memory_kind;
+using rankflow::ExportedSegments;
+using rankflow::memory_kind_name;
+using rankflow::MemoryKind;
 
 class SymmetricMemory {
  public:

@@ -11,20 +11,6 @@
 
 namespace rankflow {
 
-const char* memory_kind_name(MemoryKind k) {
-  switch (k) {
-    case MemoryKind::GpuOnly: return "gpu";
-    case MemoryKind::Elastic: return "elastic";
-    case MemoryKind::Hybrid: return "hybrid";
-  }
-  return "?";
-}
-
-MemoryKind choose_memory_kind(int64_t cpu_bytes, bool hybrid) {
-  if (cpu_bytes <= 0) return MemoryKind::GpuOnly;
-  return hybrid ? MemoryKind::Hybrid : MemoryKind::Elastic;
-}
-
 namespace {
 
 int make_memfd(const std::string& name, int64_t bytes) {

@@ -13,17 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "../memory_kind.hpp"
+
 namespace rankflow {
-
-enum class MemoryKind { GpuOnly, Elastic, Hybrid };
-const char* memory_kind_name(MemoryKind k);
-MemoryKind choose_memory_kind(int64_t cpu_bytes, bool hybrid);  // the seed's rule (symmetric.hpp:291)
-
-// What one rank exports so that peers can map its memory (fds are process-wide numbers).
-struct ExportedSegments {
-  int device_fd = -1;
-  int host_fd = -1;  // -1 for GPU-only memory
-};
 
 class HostSymmetricMemory {
  public:
