@@ -55,6 +55,19 @@ export interface NativeContext {
   engramWrite(table: ArrayBufferView, entries: number, rowBytes: number): Promise<void>;
   engramFetch(ids: Int32Array): Promise<Uint8Array>;
   ppExchange(bytes: Uint8Array): Promise<Uint8Array>;
+  // cuda rank programs (native/src/gpu/moe.cc): device tensors, stream sync, CUDA events, baselines
+  deviceAlloc(bytes: number): bigint;
+  deviceFree(ptr: bigint): void;
+  deviceUpload(ptr: bigint, data: ArrayBufferView): void;
+  deviceDownload(ptr: bigint, bytes: number): Uint8Array;
+  deviceSync(): Promise<void>;
+  eventRecord(): bigint;
+  eventElapsed(start: bigint, end: bigint): Promise<number>;
+  eventDestroy(event: bigint): void;
+  /** ms per ncclAlltoAll of `bytes` per rank (every rank together) */
+  benchAlltoAll(bytes: number, iters: number, warmup: number): Promise<number>;
+  /** ms per copy-engine copy of `bytes` into the next rank's buffer */
+  benchPeerCopy(bytes: number, iters: number, warmup: number): Promise<number>;
 }
 
 export interface NativeDispatchInput {
@@ -85,7 +98,7 @@ export interface NativeCombineInput {
 
 export interface EpLayout {
   workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'diag' | 'slotBytes' | 'bytes', number>;
-  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineBytes' | 'bytes', number>;
+  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineFlags' | 'combineBytes' | 'bytes', number>;
   alignment: number;
   sizeHint: number;
 }
