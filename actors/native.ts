@@ -68,6 +68,8 @@ export interface NativeContext {
   benchAlltoAll(bytes: number, iters: number, warmup: number): Promise<number>;
   /** ms per copy-engine copy of `bytes` into the next rank's buffer */
   benchPeerCopy(bytes: number, iters: number, warmup: number): Promise<number>;
+  /** device ms of the last dispatch/combine (events around its launches) */
+  lastOpMs(): number;
 }
 
 export interface NativeDispatchInput {

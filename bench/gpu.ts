@@ -25,7 +25,7 @@ const { values: flags } = parseArgs({
 
 function commit(): string {
   try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
+    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
   } catch {
     return process.env.RANKFLOW_COMMIT ?? 'unknown';
   }
@@ -61,7 +61,9 @@ async function main(): Promise<void> {
     const us = (fs.reduce((s, x) => s + x.ms, 0) / fs.length) * 1e3;
     const bytes = fs.reduce((s, x) => s + x.bytes, 0) / fs.length;
     const remote = fs.reduce((s, x) => s + x.remoteBytes, 0) / fs.length;
-    return { size: f.case, op: f.op, sms: f.sms, us, us_rank: fs.map((x) => x.ms * 1e3), bytes_rank: fs.map((x) => x.bytes), remote_bytes_rank: fs.map((x) => x.remoteBytes),
+    const dus = fs[0]!.deviceMs === undefined ? us : (fs.reduce((s, x) => s + (x.deviceMs ?? 0), 0) / fs.length) * 1e3;
+    return { size: f.case, op: f.op, sms: f.sms, us, device_us: dus, device_us_rank: fs.map((x) => (x.deviceMs ?? x.ms) * 1e3),
+      gbps_deepep_metric_device: bytes / (dus * 1e-6) / 1e9, gbps_remote_device: remote / (dus * 1e-6) / 1e9, x_nccl_device: NaN, x_ce_device: NaN, us_rank: fs.map((x) => x.ms * 1e3), bytes_rank: fs.map((x) => x.bytes), remote_bytes_rank: fs.map((x) => x.remoteBytes),
       gbps_deepep_metric: bytes / (us * 1e-6) / 1e9, gbps_remote: remote / (us * 1e-6) / 1e9, x_nccl: NaN, x_ce: NaN };
   });
   for (const r of rows) {
@@ -69,15 +71,18 @@ async function main(): Promise<void> {
     const ce = rows.find((x) => x.size === r.size && x.op.startsWith('copy engine'));
     r.x_nccl = nccl ? nccl.us / r.us : NaN;
     r.x_ce = ce ? r.gbps_remote / ce.gbps_remote : NaN;
+    r.x_nccl_device = nccl ? nccl.us / r.device_us : NaN;
+    r.x_ce_device = ce ? r.gbps_remote_device / ce.gbps_remote : NaN;
   }
   const pad = (s: string | number, n: number) => String(s).padEnd(n);
-  console.log(`${pad('size', 10)} ${pad('op', 52)} ${pad('SMs', 4)} ${pad('µs', 9)} ${pad('DeepEP GB/s', 12)} ${pad('remote GB/s', 12)} ${pad('xNCCL', 6)} xCE`);
+  console.log('call = CUDA events around iters awaited calls (includes the per-call JS/executor overhead); device = events recorded natively around the op\'s launches (median)');
+  console.log(`${pad('size', 10)} ${pad('op', 52)} ${pad('SMs', 4)} ${pad('call µs', 9)} ${pad('dev µs', 8)} ${pad('DeepEP GB/s call/dev', 21)} ${pad('remote GB/s dev', 16)} ${pad('xNCCL call/dev', 15)} xCE dev`);
   for (const r of rows)
-    console.log(`${pad(r.size, 10)} ${pad(r.op, 52)} ${pad(r.sms || 'all', 4)} ${pad(r.us.toFixed(1), 9)} ${pad(r.gbps_deepep_metric.toFixed(1), 12)} ${pad(r.gbps_remote.toFixed(1), 12)} ${pad(r.x_nccl.toFixed(2), 6)} ${r.x_ce.toFixed(2)}`);
+    console.log(`${pad(r.size, 10)} ${pad(r.op, 52)} ${pad(r.sms || 'all', 4)} ${pad(r.us.toFixed(1), 9)} ${pad(r.device_us.toFixed(1), 8)} ${pad(`${r.gbps_deepep_metric.toFixed(1)} / ${r.gbps_deepep_metric_device.toFixed(1)}`, 21)} ${pad(r.gbps_remote_device.toFixed(1), 16)} ${pad(`${r.x_nccl.toFixed(2)} / ${r.x_nccl_device.toFixed(2)}`, 15)} ${r.x_ce_device.toFixed(2)}`);
   const date = new Date().toISOString().slice(0, 10);
   const out = {
     date, commit: commit(), gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, nccl: probe.nccl?.version,
-    mode: 'rank program, device-resident tensors, CUDA events around iters calls after warmup', config: { ...ep, iters: args.iters, warmup: args.warmup },
+    mode: 'rank program, device-resident tensors; us: CUDA events around iters awaited calls after warmup (incl. per-call JS/executor overhead); device_us: median of events recorded natively around each op launches', config: { ...ep, iters: args.iters, warmup: args.warmup },
     metric: 'gbps_deepep_metric = bytes a rank receives per dispatch incl. local rows / time; gbps_remote = bytes over NVLink per direction / time; x_nccl = NCCL time / this time; x_ce = remote GB/s / copy engine GB/s',
     figures: rows,
   };

@@ -398,6 +398,8 @@ export class RankOps {
       },
       /** cuda baselines (ms per op, CUDA events, after `warmup`): every rank calls them together */
       benchAlltoAll: (bytes: number, iters: number, warmup = 3) => (needCuda('benchAlltoAll'), native.benchAlltoAll(bytes, iters, warmup)),
+      /** cuda: device ms of the last dispatch (first launch to the data kernel's end) or combine; waits for the stream */
+      lastOpDeviceMs: () => (needCuda('lastOpDeviceMs'), native.lastOpMs()),
       benchPeerCopy: (bytes: number, iters: number, warmup = 3) => (needCuda('benchPeerCopy'), native.benchPeerCopy(bytes, iters, warmup)),
       openSession: async (opts: { maxBytes: number; maxAllGathers: number }) => {
         checkPositiveInt('maxBytes', opts?.maxBytes);

@@ -7,7 +7,7 @@ import type { RankProgramHandle } from '../../actors/index.js';
 
 export interface GpuCase { name: string; tokens: number; fp8: boolean; sweep: boolean }
 export interface GpuMoeArgs { hidden: number; topk: number; experts: number; iters: number; warmup: number; seed: number; cases: GpuCase[]; sms: number[] }
-export interface GpuFigure { case: string; op: string; sms: number; ms: number; bytes: number; remoteBytes: number }
+export interface GpuFigure { case: string; op: string; sms: number; ms: number; deviceMs?: number; bytes: number; remoteBytes: number }
 export interface GpuMoeResult { rank: number; smCount: number; figures: GpuFigure[] }
 
 function lcg(seed: number): () => number {
@@ -57,7 +57,14 @@ export default async function gpuMoe(rank: RankProgramHandle, a: GpuMoeArgs): Pr
       await rank.sync();
       await rank.barrier();
       const ms = await rank.timeIt(fn, a.iters);
-      figures.push({ case: c.name, op, sms, ms, bytes: figBytes, remoteBytes: figRemote });
+      // Device time per op (events recorded natively around its launches), median of a second pass.
+      const dev: number[] = [];
+      for (let i = 0; i < a.iters; i++) {
+        await fn();
+        dev.push(rank.lastOpDeviceMs());
+      }
+      dev.sort((p, q) => p - q);
+      figures.push({ case: c.name, op, sms, ms, deviceMs: dev[dev.length >> 1]!, bytes: figBytes, remoteBytes: figRemote });
     };
     const ops = (sms: number) => ({
       cpuSync: async () => (await rank.dispatch(input, { numSms: sms })).free(),

@@ -171,6 +171,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                            InstanceMethod<&ContextWrap::EventDestroy>("eventDestroy"),
                            InstanceMethod<&ContextWrap::BenchAlltoAll>("benchAlltoAll"),
                            InstanceMethod<&ContextWrap::BenchPeerCopy>("benchPeerCopy"),
+                           InstanceMethod<&ContextWrap::LastOpMs>("lastOpMs"),
                        });
   }
 
@@ -740,6 +741,13 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     auto ms = std::make_shared<double>(0);
     return schedule(env, {}, [&c, bytes, iters, warmup, ms] { *ms = c.device->moe()->bench_peer_copy(bytes, iters, warmup); },
                     [ms](Napi::Env e, Call&) { return Napi::Number::New(e, *ms); });
+  }
+
+  // Device ms of the last dispatch/combine (CUDA events around its launches); waits for the stream.
+  Napi::Value LastOpMs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "lastOpDeviceMs");
+    return Napi::Number::New(env, on_device(env, [&c] { return c.device->moe()->last_op_ms(); }));
   }
 
   static void OnEnvCleanup(void* arg) {

@@ -36,6 +36,9 @@ class MoeDevice {
   // each rank), and a copy-engine copy of `bytes` into the next rank's buffer (cuMemcpyAsync).
   virtual double bench_all_to_all(int64_t bytes, int iters, int warmup) = 0;
   virtual double bench_peer_copy(int64_t bytes, int iters, int warmup) = 0;
+  // Device time of the last dispatch (first launch to the data kernel's end, the CPU-sync gap
+  // included) or combine, between CUDA events recorded around its launches; waits for the stream.
+  virtual double last_op_ms() = 0;
   virtual int sm_count() const = 0;
   virtual void destroy() noexcept = 0;
 };

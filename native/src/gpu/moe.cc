@@ -70,6 +70,8 @@ class CudaMoe final : public MoeDevice {
     topk_bytes_ = align_up(std::max<int64_t>(1, c_.cfg.ep.max_tokens_per_rank * c_.cfg.ep.topk * 4), kRegionAlignment);
     layout_bytes_ = align_up(state_.bytes, kRegionAlignment) + 2 * topk_bytes_;
     counts_.create(cuda::host_counts_bytes(a));  // zeroed once; each op's seq tells its counts apart
+    RF_CU(cuEventCreate, &op_start_, CU_EVENT_DEFAULT);
+    RF_CU(cuEventCreate, &op_end_, CU_EVENT_DEFAULT);
   }
   ~CudaMoe() override { destroy(); }
 
@@ -106,6 +108,7 @@ class CudaMoe final : public MoeDevice {
     const CUstream s = g_.stream();
     const size_t tk = size_t(T * K * 4);
     translating(c_.rank(), [&] {
+      RF_CU(cuEventRecord, op_start_, s);
       if (cached) {
         // Cached mode (seed 6.1): the routing part of the handle's state and its topk_idx; counts known.
         DeviceLayout& from = layouts_[in.cached_handle];
@@ -190,6 +193,7 @@ class CudaMoe final : public MoeDevice {
         cuda::launch_dispatch_cached(*kernels_, s, a, d.base, d.base, din, dout, in.num_sms, g_.sms());
       else
         cuda::launch_dispatch_data(*kernels_, s, a, d.base, din, dout, in.num_sms, g_.sms());
+      RF_CU(cuEventRecord, op_end_, s);
     });
     l->complete = true;
     if (in.device && !out.in_buffer) return;
@@ -267,7 +271,9 @@ class CudaMoe final : public MoeDevice {
     }
     const uint32_t seq = c_.next_seq();
     translating(c_.rank(), [&] {
+      RF_CU(cuEventRecord, op_start_, s);
       cuda::launch_combine(*kernels_, s, args(seq), d.base, cin, cout, in.num_sms, g_.sms());
+      RF_CU(cuEventRecord, op_end_, s);
     });
     if (in.device) return;
     g_.sync_stream(seq);
@@ -384,6 +390,13 @@ class CudaMoe final : public MoeDevice {
 
   int sm_count() const override { return g_.sms(); }
 
+  double last_op_ms() override {
+    g_.sync_stream(c_.seq);
+    float ms = 0;
+    translating(c_.rank(), [&] { RF_CU(cuEventElapsedTime, &ms, op_start_, op_end_); });
+    return double(ms);
+  }
+
   void destroy() noexcept override {
     const cuda::Driver* d = nullptr;
     try {
@@ -393,6 +406,8 @@ class CudaMoe final : public MoeDevice {
     }
     for (CUevent e : events_) d->cuEventDestroy(e);
     events_.clear();
+    for (CUevent* e : {&op_start_, &op_end_})
+      if (*e != nullptr) d->cuEventDestroy(*e), *e = nullptr;
     for (auto& [id, l] : layouts_) live_.erase(l.base), d->cuMemFree(l.base);
     layouts_.clear();
     for (auto& [p, n] : live_) d->cuMemFree(p);
@@ -546,6 +561,7 @@ class CudaMoe final : public MoeDevice {
   CUdeviceptr staging_ = 0;
   int64_t staging_bytes_ = 0;
   std::set<CUevent> events_;
+  CUevent op_start_ = nullptr, op_end_ = nullptr;
 };
 
 }  // namespace
