@@ -9,3 +9,5 @@ export type { Tensor, DType, TensorData } from './tensor.js';
 export type { BufferConfig, DispatchInput, CombineInput, DispatchHandle } from './validate.js';
 export type { DispatchResult, CombineResult, RankProgramHandle } from '../workers/ops.js';
 export { probeCuda } from './backend.js';
+export { DeviceTensor } from './device-tensor.js';
+export type { DeviceDispatchResult, DeviceDispatchInput, DeviceCombineInput, DeviceOptions } from '../workers/ops.js';

@@ -57,6 +57,21 @@ export interface NativeContext {
   ppExchange(bytes: Uint8Array): Promise<Uint8Array>;
   /** cuda: microseconds per call of `op` (ce, ag, rs-fp32, rs-bf16, pp, engram) on device-resident data, CUDA events */
   benchAgrs(op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number): Promise<number>;
+  // cuda rank programs (native/src/gpu/moe.cc): device tensors, stream sync, CUDA events, baselines
+  deviceAlloc(bytes: number): bigint;
+  deviceFree(ptr: bigint): void;
+  deviceUpload(ptr: bigint, data: ArrayBufferView): void;
+  deviceDownload(ptr: bigint, bytes: number): Uint8Array;
+  deviceSync(): Promise<void>;
+  eventRecord(): bigint;
+  eventElapsed(start: bigint, end: bigint): Promise<number>;
+  eventDestroy(event: bigint): void;
+  /** ms per ncclAlltoAll of `bytes` per rank (every rank together) */
+  benchAlltoAll(bytes: number, iters: number, warmup: number): Promise<number>;
+  /** ms per copy-engine copy of `bytes` into the next rank's buffer */
+  benchPeerCopy(bytes: number, iters: number, warmup: number): Promise<number>;
+  /** device ms of the last dispatch/combine (events around its launches) */
+  lastOpMs(): number;
 }
 
 export interface NativeDispatchInput {
@@ -87,7 +102,7 @@ export interface NativeCombineInput {
 
 export interface EpLayout {
   workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'diag' | 'slotBytes' | 'bytes', number>;
-  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineBytes' | 'bytes', number>;
+  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineFlags' | 'combineBytes' | 'bytes', number>;
   alignment: number;
   sizeHint: number;
 }

@@ -6,9 +6,10 @@ import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import type { RankEvent } from '../machines/index.js';
 import type { NativeContext, NativeDispatchInput, NativeDispatchOutput } from '../actors/native.js';
 import { invalid } from '../actors/errors.js';
+import { DeviceTensor, deviceEmpty, deviceTensor, isDeviceTensor } from '../actors/device-tensor.js';
 import { bytesOf, checkArray, checkTensor, ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/tensor.js';
 import {
-  checkCombineInput, checkDispatchInput, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
+  checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from '../actors/validate.js';
 
 export interface RankInit {
@@ -34,6 +35,44 @@ export interface DispatchResult {
   srcToken: Int32Array;
   tokensPerExpert: number[];
   handle: DispatchHandle;
+}
+
+/** Dispatch of device tensors (cuda rank programs). With outputsInBuffer the tensors are views of the
+ *  receive buffer sized for the worst case (W * maxTokensPerRank rows; the first numRecv are the
+ *  tokens), valid until the next dispatch or combine, and numRecv/tokensPerExpert are null (no CPU sync). */
+export interface DeviceDispatchResult {
+  x: DeviceTensor;
+  scales?: DeviceTensor<'fp32'>;
+  topkIdx: DeviceTensor<'int32'>;
+  topkWeights: DeviceTensor<'fp32'>;
+  srcRank: DeviceTensor<'int32'>;
+  srcToken: DeviceTensor<'int32'>;
+  numRecv: number | null;
+  tokensPerExpert: number[] | null;
+  handle: DispatchHandle;
+  /** frees every output (no-op for outputs left in the buffer) */
+  free(): void;
+}
+
+export interface DeviceDispatchInput {
+  x: DeviceTensor;
+  scales?: DeviceTensor;
+  topkIdx?: DeviceTensor;
+  topkWeights?: DeviceTensor;
+  expertAlignment?: number;
+  handle?: DispatchHandle;
+}
+export interface DeviceCombineInput {
+  x: DeviceTensor;
+  handle: DispatchHandle;
+  topkWeights?: DeviceTensor;
+  bias?: DeviceTensor | DeviceTensor[];
+}
+export interface DeviceOptions {
+  /** dispatch: leave the outputs in the receive buffer, no CPU sync (the kernels' zero-copy path) */
+  outputsInBuffer?: boolean;
+  /** SMs (blocks) of the data/combine kernel; 0 = all */
+  numSms?: number;
 }
 
 export interface CombineResult {
@@ -140,6 +179,91 @@ export class RankOps {
     return { x: tensor('bf16', [T, hidden], out.x), topkWeights: out.topkWeights };
   }
 
+  /** cuda rank programs: dispatch of device tensors, the same three phases (notify -> cpuSync -> data). */
+  async dispatchDevice(d: DeviceDispatchInput, opts: DeviceOptions = {}): Promise<DeviceDispatchResult> {
+    const { hidden, topk, maxTokensPerRank } = this.init.buffer;
+    const W = this.init.worldSize;
+    const fp8 = d.x.dtype === 'fp8e4m3';
+    const numTokens = d.x.shape[0]!;
+    const inBuffer = opts.outputsInBuffer === true;
+    const input = {
+      device: true, numTokens, x: d.x.ptr, xElemBytes: ELEMENT_BYTES[d.x.dtype], numSms: opts.numSms ?? 0,
+      ...(d.scales ? { scales: d.scales.ptr } : {}),
+      ...(d.topkIdx ? { topkIdx: d.topkIdx.ptr } : {}),
+      ...(d.topkWeights ? { topkWeights: d.topkWeights.ptr } : {}),
+      expertAlignment: d.expertAlignment ?? 1,
+      ...(d.handle ? { handle: d.handle.id } : {}),
+    } as unknown as NativeDispatchInput;
+    let layoutId = 0;
+    let counts: { numRecv: number; tokensPerExpert: number[] } | null = null;
+    const mem = this.native;
+    return this.request<DeviceDispatchResult>({ type: 'DISPATCH', call: this.newCall() }, {
+      dispatchNotify: async () => {
+        layoutId = await this.native.dispatchNotify(input);
+      },
+      dispatchCpuSync: async () => {
+        // outputs in the buffer: no CPU sync (the counts stay on the device); a cached one knows them
+        if (!inBuffer) counts = await this.native.dispatchWait(layoutId);
+      },
+      dispatchData: async () => {
+        const R = counts?.numRecv ?? null;
+        const rows = R ?? W * maxTokensPerRank;
+        const shapes = {
+          x: [rows, hidden], scales: [rows, hidden / 128], topkIdx: [rows, topk], topkWeights: [rows, topk], srcRank: [rows], srcToken: [rows],
+        } as const;
+        const dtypes = { x: d.x.dtype, scales: 'fp32', topkIdx: 'int32', topkWeights: 'fp32', srcRank: 'int32', srcToken: 'int32' } as const;
+        const names = ['x', ...(fp8 ? ['scales'] as const : []), 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
+        const out: Record<string, DeviceTensor> = {};
+        if (inBuffer) {
+          const at = (await this.native.dispatchData(layoutId, input, { inBuffer: true } as never)) as unknown as Record<string, bigint>;
+          for (const n of names) out[n] = new DeviceTensor(mem, dtypes[n], [...shapes[n]], at[n]!, false);
+        } else {
+          for (const n of names) out[n] = deviceEmpty(mem, dtypes[n], [...shapes[n]]);
+          try {
+            const ptrs = Object.fromEntries(Object.entries(out).map(([k, t]) => [k, t.ptr]));
+            await this.native.dispatchData(layoutId, input, ptrs as never);
+          } catch (e) {
+            for (const t of Object.values(out)) t.free();
+            throw e;
+          }
+        }
+        const handle: DispatchHandle = Object.freeze({
+          group: this.init.groupId, rank: this.init.rank, id: layoutId, seq: this.seqNow(), numTokens, numRecv: R ?? -1,
+        });
+        return {
+          x: out.x!, ...(out.scales ? { scales: out.scales as DeviceTensor<'fp32'> } : {}),
+          topkIdx: out.topkIdx as DeviceTensor<'int32'>, topkWeights: out.topkWeights as DeviceTensor<'fp32'>,
+          srcRank: out.srcRank as DeviceTensor<'int32'>, srcToken: out.srcToken as DeviceTensor<'int32'>,
+          numRecv: R, tokensPerExpert: counts?.tokensPerExpert ?? null, handle,
+          free: () => { for (const t of Object.values(out)) t.free(); },
+        };
+      },
+    });
+  }
+
+  /** cuda rank programs: combine of device tensors; x must not lie in the receive buffer. */
+  async combineDevice(c: DeviceCombineInput, bias: DeviceTensor[], opts: DeviceOptions = {}): Promise<{ x: DeviceTensor<'bf16'>; topkWeights: DeviceTensor<'fp32'> }> {
+    const { hidden, topk } = this.init.buffer;
+    const T = c.handle.numTokens;
+    const x = deviceEmpty(this.native, 'bf16', [T, hidden]);
+    const w = deviceEmpty(this.native, 'fp32', [T, topk]);
+    try {
+      await this.request({ type: 'COMBINE', call: this.newCall() }, {
+        combine: () => this.native.combine({
+          device: true, handle: c.handle.id, x: c.x.ptr, numSms: opts.numSms ?? 0,
+          ...(c.topkWeights ? { topkWeights: c.topkWeights.ptr } : {}),
+          ...(bias[0] ? { bias0: bias[0].ptr } : {}),
+          ...(bias[1] ? { bias1: bias[1].ptr } : {}),
+        } as never, { x: x.ptr, topkWeights: w.ptr } as never),
+      });
+    } catch (e) {
+      x.free();
+      w.free();
+      throw e;
+    }
+    return { x, topkWeights: w };
+  }
+
   sessionOpen(maxBytes: number, maxAllGathers: number): Promise<void> {
     return this.request({ type: 'SESSION_OPEN', call: this.newCall() }, {
       sessionOpen: () => this.native.sessionOpen(maxBytes, maxAllGathers),
@@ -218,11 +342,37 @@ export class RankOps {
     const self = this;
     // Rank programs skip the main thread, so their inputs are checked here (same checks, same
     // EINVAL messages); all methods are async, so a bad input rejects rather than throws.
+    const cuda = this.init.backend === 'cuda';
+    const native = this.native;
+    const needCuda = (what: string) => {
+      if (!cuda) throw invalid(what, "needs backend 'cuda' (device tensors and CUDA events)");
+    };
+    function dispatch(d: DeviceDispatchInput, opts?: DeviceOptions): Promise<DeviceDispatchResult>;
+    function dispatch(d: DispatchInput): Promise<DispatchResult>;
+    async function dispatch(d: DispatchInput | DeviceDispatchInput, opts?: DeviceOptions): Promise<DispatchResult | DeviceDispatchResult> {
+      if (isDeviceTensor((d as DeviceDispatchInput)?.x)) {
+        checkDeviceDispatch('input', d as DeviceDispatchInput, buffer, rank, groupId);
+        return self.dispatchDevice(d as DeviceDispatchInput, opts);
+      }
+      checkDispatchInput('input', d, buffer, worldSize, rank, groupId);
+      return self.dispatch(d as DispatchInput);
+    }
+    function combine(c: DeviceCombineInput, opts?: DeviceOptions): Promise<{ x: DeviceTensor<'bf16'>; topkWeights: DeviceTensor<'fp32'> }>;
+    function combine(c: CombineInput): Promise<CombineResult>;
+    async function combine(c: CombineInput | DeviceCombineInput, opts?: DeviceOptions): Promise<unknown> {
+      if (isDeviceTensor((c as DeviceCombineInput)?.x)) return self.combineDevice(c as DeviceCombineInput, checkDeviceCombine('input', c as DeviceCombineInput, buffer, rank, groupId), opts);
+      return self.combine(c as CombineInput, checkCombineInput('input', c, buffer, rank, groupId));
+    }
     return {
       rank,
       worldSize,
       backend: this.init.backend,
-      tensor,
+      /** host: a host tensor; cuda: a device tensor on this rank's GPU (free() it, or it goes with the group) */
+      tensor: ((dtype: DType, shape: number[], data?: ArrayBufferView) =>
+        cuda ? deviceTensor(native, dtype, shape, data) : tensor(dtype, shape, data as never)) as {
+        <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> & DeviceTensor<D>;
+      },
+      hostTensor: tensor,
       async barrier(opts: { withCpuSync?: boolean } = {}) {
         if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { withCpuSync? }');
         if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
@@ -232,14 +382,35 @@ export class RankOps {
         checkTensor('input', t);
         return self.allGather(t);
       },
-      async dispatch(d: DispatchInput) {
-        checkDispatchInput('input', d, buffer, worldSize, rank, groupId);
-        return self.dispatch(d);
+      dispatch,
+      combine,
+      /** cuda: waits for the rank's queued GPU work (device-tensor ops do not wait) */
+      sync: () => (needCuda('sync'), native.deviceSync()),
+      /** cuda: a CUDA event recorded on the rank's stream now */
+      recordEvent: () => (needCuda('recordEvent'), native.eventRecord()),
+      /** cuda: ms between two recorded events (waits for the stream); the events are kept */
+      elapsedMs: (start: bigint, end: bigint) => (needCuda('elapsedMs'), native.eventElapsed(start, end)),
+      destroyEvent: (e: bigint) => native.eventDestroy(e),
+      /** cuda: mean ms of fn over iters runs, between CUDA events on the rank's stream (run a warm-up first) */
+      timeIt: async (fn: (i: number) => Promise<unknown>, iters: number): Promise<number> => {
+        needCuda('timeIt');
+        checkPositiveInt('iters', iters);
+        const a = native.eventRecord();
+        for (let i = 0; i < iters; i++) await fn(i);
+        const b = native.eventRecord();
+        try {
+          return (await native.eventElapsed(a, b)) / iters;
+        } finally {
+          native.eventDestroy(a);
+          native.eventDestroy(b);
+        }
       },
-      async combine(c: CombineInput) {
-        return self.combine(c, checkCombineInput('input', c, buffer, rank, groupId));
-      },
-      async openSession(opts: { maxBytes: number; maxAllGathers: number }) {
+      /** cuda baselines (ms per op, CUDA events, after `warmup`): every rank calls them together */
+      benchAlltoAll: (bytes: number, iters: number, warmup = 3) => (needCuda('benchAlltoAll'), native.benchAlltoAll(bytes, iters, warmup)),
+      /** cuda: device ms of the last dispatch (first launch to the data kernel's end) or combine; waits for the stream */
+      lastOpDeviceMs: () => (needCuda('lastOpDeviceMs'), native.lastOpMs()),
+      benchPeerCopy: (bytes: number, iters: number, warmup = 3) => (needCuda('benchPeerCopy'), native.benchPeerCopy(bytes, iters, warmup)),
+      openSession: async (opts: { maxBytes: number; maxAllGathers: number }) => {
         checkPositiveInt('maxBytes', opts?.maxBytes);
         checkPositiveInt('maxAllGathers', opts?.maxAllGathers, 1 << 16);
         await self.sessionOpen(opts.maxBytes, opts.maxAllGathers);
@@ -277,3 +448,41 @@ export class RankOps {
 }
 
 export type RankProgramHandle = ReturnType<RankOps['programHandle']>;
+
+function checkDevice(name: string, t: unknown, dtypes: readonly DType[], numelWant?: number, shape?: Array<number | undefined>): DeviceTensor {
+  if (!isDeviceTensor(t)) throw invalid(name, 'must be a device tensor (rank.tensor on cuda)');
+  if (!dtypes.includes(t.dtype)) throw invalid(`${name}.dtype`, `is ${t.dtype}; expected ${dtypes.join(' or ')}`);
+  if (shape && (t.shape.length !== shape.length || shape.some((d, i) => d !== undefined && d !== t.shape[i])))
+    throw invalid(`${name}.shape`, `is [${t.shape.join(', ')}]; expected [${shape.map((d) => d ?? 'n').join(', ')}]`);
+  if (numelWant !== undefined && numel(t.shape) !== numelWant) throw invalid(name, `has ${numel(t.shape)} elements; expected ${numelWant}`);
+  return t;
+}
+
+/** Shapes and dtypes of a device dispatch (values stay on the GPU: expert ids are not checked). */
+function checkDeviceDispatch(name: string, d: DeviceDispatchInput, cfg: BufferConfig, rank: number, groupId: string): void {
+  const x = checkDevice(`${name}.x`, d.x, cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], undefined, [undefined, cfg.hidden]);
+  const T = x.shape[0]!;
+  if (T > cfg.maxTokensPerRank) throw invalid(`${name}.x.shape[0]`, `${T} tokens exceed buffer.maxTokensPerRank (${cfg.maxTokensPerRank})`);
+  if (x.dtype === 'fp8e4m3') checkDevice(`${name}.scales`, d.scales, ['fp32'], T * (cfg.hidden / 128));
+  else if (d.scales !== undefined) throw invalid(`${name}.scales`, 'is only for fp8e4m3 x');
+  if (d.expertAlignment !== undefined) checkPositiveInt(`${name}.expertAlignment`, d.expertAlignment, 1 << 16);
+  if (d.handle !== undefined) {
+    checkHandle(`${name}.handle`, d.handle, rank, groupId);
+    if (d.handle.numTokens !== T) throw invalid(`${name}.handle`, `was made for ${d.handle.numTokens} tokens, x has ${T}`);
+  }
+  if (d.topkIdx === undefined && d.handle === undefined) throw invalid(`${name}.topkIdx`, 'is required (or pass a handle of a previous dispatch)');
+  if (d.topkIdx !== undefined) checkDevice(`${name}.topkIdx`, d.topkIdx, ['int32'], T * cfg.topk);
+  if (d.topkWeights !== undefined) checkDevice(`${name}.topkWeights`, d.topkWeights, ['fp32'], T * cfg.topk);
+  else if (d.handle === undefined) throw invalid(`${name}.topkWeights`, 'is required (or pass a handle of a previous dispatch)');
+}
+
+function checkDeviceCombine(name: string, c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string): DeviceTensor[] {
+  checkHandle(`${name}.handle`, c.handle, rank, groupId);
+  const x = checkDevice(`${name}.x`, c.x, ['bf16'], undefined, [undefined, cfg.hidden]);
+  if (c.handle.numRecv >= 0 && x.shape[0]! < c.handle.numRecv) throw invalid(`${name}.x.shape[0]`, `is ${x.shape[0]}; the dispatch received ${c.handle.numRecv} rows`);
+  if (c.topkWeights !== undefined) checkDevice(`${name}.topkWeights`, c.topkWeights, ['fp32'], x.shape[0]! * cfg.topk);
+  const bias = c.bias === undefined ? [] : Array.isArray(c.bias) ? c.bias : [c.bias];
+  if (bias.length > 2) throw invalid(`${name}.bias`, `takes at most 2 tensors (got ${bias.length})`);
+  bias.forEach((b, i) => checkDevice(`${name}.bias[${i}]`, b, ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]));
+  return bias;
+}

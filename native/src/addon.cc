@@ -13,6 +13,7 @@
 
 #include "context.hpp"
 #include "executor.hpp"
+#include "moe_device.hpp"
 #include "ops/ops.hpp"
 
 // Optional parts linked in when their sources are built (fd passing across processes, the CUDA backend).
@@ -63,6 +64,15 @@ T* data_of(const Napi::Value& v, const char* name, int64_t expect_bytes = -1) {
   alignas(16) static uint8_t empty[16];
   if (ta.ByteLength() == 0) return reinterpret_cast<T*>(empty);
   return reinterpret_cast<T*>(static_cast<uint8_t*>(ta.ArrayBuffer().Data()) + ta.ByteOffset());
+}
+
+// A device address (BigInt) of a cuda rank program's tensor, or null for undefined/null/0n.
+template <typename T>
+T* ptr_of(const Napi::Value& v, const char* name) {
+  if (v.IsUndefined() || v.IsNull()) return nullptr;
+  if (!v.IsBigInt()) throw_einval(v.Env(), std::string(name) + " must be a device tensor's address (BigInt)");
+  bool lossless = true;
+  return reinterpret_cast<T*>(uintptr_t(v.As<Napi::BigInt>().Uint64Value(&lossless)));
 }
 
 EpConfig ep_from(const Napi::Object& o, int world) {
@@ -157,6 +167,18 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                            InstanceMethod<&ContextWrap::EngramFetch>("engramFetch"),
                            InstanceMethod<&ContextWrap::PpExchange>("ppExchange"),
                            InstanceMethod<&ContextWrap::BenchAgrs>("benchAgrs"),
+                           // cuda rank programs: device tensors, stream sync, events, baselines
+                           InstanceMethod<&ContextWrap::DeviceAlloc>("deviceAlloc"),
+                           InstanceMethod<&ContextWrap::DeviceFree>("deviceFree"),
+                           InstanceMethod<&ContextWrap::DeviceUpload>("deviceUpload"),
+                           InstanceMethod<&ContextWrap::DeviceDownload>("deviceDownload"),
+                           InstanceMethod<&ContextWrap::DeviceSync>("deviceSync"),
+                           InstanceMethod<&ContextWrap::EventRecord>("eventRecord"),
+                           InstanceMethod<&ContextWrap::EventElapsed>("eventElapsed"),
+                           InstanceMethod<&ContextWrap::EventDestroy>("eventDestroy"),
+                           InstanceMethod<&ContextWrap::BenchAlltoAll>("benchAlltoAll"),
+                           InstanceMethod<&ContextWrap::BenchPeerCopy>("benchPeerCopy"),
+                           InstanceMethod<&ContextWrap::LastOpMs>("lastOpMs"),
                        });
   }
 
@@ -215,14 +237,6 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Context& ctx(Napi::Env env) {
     if (!ctx_) throw to_js_error(env, "STATE", "the rank's context is destroyed", -1, "");
     return *ctx_;
-  }
-  // Operations the CUDA backend does not run yet refuse up front (EINVAL: the rank stays usable).
-  Context& host_ctx(Napi::Env env, const char* op) {
-    Context& c = ctx(env);
-    if (c.on_cuda())
-      throw_einval(env, std::string(op) + " is not on cuda yet: backend 'cuda' runs barrier and allGather so far; "
-                                          "use backend 'host' for " + op);
-    return c;
   }
   // A synchronous call into the rank's GPU side, on its executor thread.
   template <typename F>
@@ -427,7 +441,17 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     in.x_elem_bytes = get_int(o, "xElemBytes", 2);
     in.expert_alignment = get_int(o, "expertAlignment", 1);
     in.cached_handle = uint32_t(get_int(o, "handle", 0));
+    in.device = get_bool(o, "device", false);
+    in.num_sms = int(get_int(o, "numSms", 0));
     const int64_t T = in.num_tokens, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
+    if (in.device) {  // device addresses (BigInt) of a cuda rank program's tensors; shapes checked in JS
+      in.x = ptr_of<uint8_t>(o.Get("x"), "x");
+      in.scales = ptr_of<float>(o.Get("scales"), "scales");
+      in.topk_idx = ptr_of<int32_t>(o.Get("topkIdx"), "topkIdx");
+      in.topk_weights = ptr_of<float>(o.Get("topkWeights"), "topkWeights");
+      if (in.topk_idx == nullptr && in.cached_handle == 0 && T > 0) throw_einval(o.Env(), "topkIdx is required without a handle");
+      return in;
+    }
     in.x = data_of<uint8_t>(o.Get("x"), "x", T * H * in.x_elem_bytes);
     in.scales = data_of<float>(o.Get("scales"), "scales", T * c.buf.scales_per_token * 4);
     in.topk_idx = data_of<int32_t>(o.Get("topkIdx"), "topkIdx", T * K * 4);
@@ -438,7 +462,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value DispatchNotify(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "dispatch");
+    Context& c = ctx(env);
+    if (!c.on_cuda() && get_bool(info[0].As<Napi::Object>(), "device", false)) throw_einval(env, "device tensors need backend 'cuda'");
     const auto o = info[0].As<Napi::Object>();
     const ops::DispatchInput in = dispatch_input(o);
     auto id = std::make_shared<uint32_t>(0);
@@ -465,13 +490,41 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value DispatchData(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "dispatch");
+    Context& c = ctx(env);
     const uint32_t id = info[0].As<Napi::Number>().Uint32Value();
     const auto o = info[1].As<Napi::Object>();
     const auto outs = info[2].As<Napi::Object>();
     const ops::DispatchInput in = dispatch_input(o);
     const auto layout = c.layout(id);
     if (!layout) throw_einval(env, "dispatch layout is unknown");
+    if (in.device) {
+      // cuda rank programs: outputs at the given device addresses, or left in the buffer (their
+      // addresses settle the promise).
+      if (!c.on_cuda()) throw_einval(env, "device tensors need backend 'cuda'");
+      auto out = std::make_shared<ops::DispatchOutput>();
+      out->in_buffer = get_bool(outs, "inBuffer", false);
+      if (!out->in_buffer) {
+        out->x = ptr_of<uint8_t>(outs.Get("x"), "out.x");
+        out->scales = ptr_of<float>(outs.Get("scales"), "out.scales");
+        out->topk_idx = ptr_of<int32_t>(outs.Get("topkIdx"), "out.topkIdx");
+        out->topk_weights = ptr_of<float>(outs.Get("topkWeights"), "out.topkWeights");
+        out->src_rank = ptr_of<int32_t>(outs.Get("srcRank"), "out.srcRank");
+        out->src_token = ptr_of<int32_t>(outs.Get("srcToken"), "out.srcToken");
+      }
+      return schedule(env, {o, outs}, [&c, id, in, out] { c.device->moe()->dispatch_data(id, in, *out); },
+                      [out](Napi::Env e, Call&) -> Napi::Value {
+                        if (!out->in_buffer) return e.Undefined();
+                        Napi::Object r = Napi::Object::New(e);
+                        auto big = [&e](const void* p) { return Napi::BigInt::New(e, uint64_t(reinterpret_cast<uintptr_t>(p))); };
+                        r.Set("x", big(out->x));
+                        if (out->scales != nullptr) r.Set("scales", big(out->scales));
+                        r.Set("topkIdx", big(out->topk_idx));
+                        r.Set("topkWeights", big(out->topk_weights));
+                        r.Set("srcRank", big(out->src_rank));
+                        r.Set("srcToken", big(out->src_token));
+                        return r;
+                      });
+    }
     const int64_t R = layout->num_recv, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
     ops::DispatchOutput out;
     out.x = data_of<uint8_t>(outs.Get("x"), "out.x", R * H * in.x_elem_bytes);
@@ -491,13 +544,25 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   Napi::Value Combine(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    Context& c = host_ctx(env, "combine");
+    Context& c = ctx(env);
     const auto o = info[0].As<Napi::Object>();
     const auto outs = info[1].As<Napi::Object>();
     ops::CombineInput in;
     in.handle = uint32_t(get_int(o, "handle", 0));
     const auto layout = c.layout(in.handle);
     if (!layout || !layout->complete) throw_einval(env, "handle is unknown or expired on this rank");
+    in.device = get_bool(o, "device", false);
+    in.num_sms = int(get_int(o, "numSms", 0));
+    if (in.device) {  // cuda rank programs: device addresses; shapes checked in JS
+      if (!c.on_cuda()) throw_einval(env, "device tensors need backend 'cuda'");
+      in.x = ptr_of<uint16_t>(o.Get("x"), "x");
+      in.topk_weights = ptr_of<float>(o.Get("topkWeights"), "topkWeights");
+      in.bias[0] = ptr_of<uint16_t>(o.Get("bias0"), "bias[0]");
+      in.bias[1] = ptr_of<uint16_t>(o.Get("bias1"), "bias[1]");
+      auto* out_x = ptr_of<uint16_t>(outs.Get("x"), "out.x");
+      auto* out_w = ptr_of<float>(outs.Get("topkWeights"), "out.topkWeights");
+      return schedule(env, {o, outs}, [&c, in, out_x, out_w] { ops::combine(c, in, out_x, out_w); });
+    }
     const int64_t R = layout->num_recv, T = layout->num_tokens, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
     in.x = data_of<uint16_t>(o.Get("x"), "x", R * H * 2);
     in.topk_weights = data_of<float>(o.Get("topkWeights"), "topkWeights", R * K * 4);
@@ -598,6 +663,106 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                     [us](Napi::Env e, Call&) -> Napi::Value { return Napi::Number::New(e, *us); });
   }
 
+  // ---- cuda rank programs: device tensors, stream sync, CUDA events, baselines (gpu/moe.cc) ----
+  Context& cuda_ctx(Napi::Env env, const char* what) {
+    Context& c = ctx(env);
+    if (!c.on_cuda()) throw_einval(env, std::string(what) + " needs backend 'cuda'");
+    return c;
+  }
+  static uint64_t big_of(const Napi::Value& v, const char* name) {
+    if (!v.IsBigInt()) throw_einval(v.Env(), std::string(name) + " must be a device address (BigInt)");
+    bool lossless = true;
+    return v.As<Napi::BigInt>().Uint64Value(&lossless);
+  }
+
+  Napi::Value DeviceAlloc(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "a device tensor");
+    const int64_t bytes = info[0].As<Napi::Number>().Int64Value();
+    if (bytes < 0) throw_einval(env, "bytes must be >= 0");
+    return Napi::BigInt::New(env, on_device(env, [&c, bytes] { return c.device->moe()->alloc(bytes); }));
+  }
+  Napi::Value DeviceFree(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (!ctx_) return env.Undefined();  // destroyed: everything is freed already
+    Context& c = cuda_ctx(env, "free");
+    const uint64_t p = big_of(info[0], "ptr");
+    on_device(env, [&c, p] { c.device->moe()->free(p); });
+    return env.Undefined();
+  }
+  Napi::Value DeviceUpload(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "upload");
+    const uint64_t p = big_of(info[0], "ptr");
+    const auto ta = info[1].As<Napi::TypedArray>();
+    const uint8_t* src = data_of<uint8_t>(ta, "data");
+    const int64_t n = int64_t(ta.ByteLength());
+    on_device(env, [&c, p, src, n] { c.device->moe()->upload(p, src, n); });
+    return env.Undefined();
+  }
+  Napi::Value DeviceDownload(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "toHost");
+    const uint64_t p = big_of(info[0], "ptr");
+    const int64_t n = info[1].As<Napi::Number>().Int64Value();
+    auto out = Napi::Uint8Array::New(env, size_t(n));
+    uint8_t* dst = out.Data();
+    on_device(env, [&c, p, dst, n] { c.device->moe()->download(dst, p, n); });
+    return out;
+  }
+  Napi::Value DeviceSync(const Napi::CallbackInfo& info) {
+    Context& c = cuda_ctx(info.Env(), "sync");
+    return schedule(info.Env(), {}, [&c] { c.device->moe()->sync(); });
+  }
+  Napi::Value EventRecord(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "an event");
+    return Napi::BigInt::New(env, on_device(env, [&c] { return c.device->moe()->record_event(); }));
+  }
+  Napi::Value EventElapsed(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "elapsedMs");
+    const uint64_t a = big_of(info[0], "start"), b = big_of(info[1], "end");
+    auto ms = std::make_shared<double>(0);
+    return schedule(env, {}, [&c, a, b, ms] { *ms = c.device->moe()->elapsed_ms(a, b); },
+                    [ms](Napi::Env e, Call&) { return Napi::Number::New(e, *ms); });
+  }
+  Napi::Value EventDestroy(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (!ctx_) return env.Undefined();
+    Context& c = cuda_ctx(env, "an event");
+    const uint64_t e = big_of(info[0], "event");
+    on_device(env, [&c, e] { c.device->moe()->destroy_event(e); });
+    return env.Undefined();
+  }
+  // (bytes per rank, iters, warmup) -> ms per ncclAlltoAll (every rank calls it together)
+  Napi::Value BenchAlltoAll(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "benchAlltoAll");
+    const int64_t bytes = info[0].As<Napi::Number>().Int64Value();
+    const int iters = info[1].As<Napi::Number>().Int32Value(), warmup = info[2].As<Napi::Number>().Int32Value();
+    auto ms = std::make_shared<double>(0);
+    return schedule(env, {}, [&c, bytes, iters, warmup, ms] { *ms = c.device->moe()->bench_all_to_all(bytes, iters, warmup); },
+                    [ms](Napi::Env e, Call&) { return Napi::Number::New(e, *ms); });
+  }
+  // (bytes, iters, warmup) -> ms per copy-engine copy into the next rank's buffer
+  Napi::Value BenchPeerCopy(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "benchPeerCopy");
+    const int64_t bytes = info[0].As<Napi::Number>().Int64Value();
+    const int iters = info[1].As<Napi::Number>().Int32Value(), warmup = info[2].As<Napi::Number>().Int32Value();
+    auto ms = std::make_shared<double>(0);
+    return schedule(env, {}, [&c, bytes, iters, warmup, ms] { *ms = c.device->moe()->bench_peer_copy(bytes, iters, warmup); },
+                    [ms](Napi::Env e, Call&) { return Napi::Number::New(e, *ms); });
+  }
+
+  // Device ms of the last dispatch/combine (CUDA events around its launches); waits for the stream.
+  Napi::Value LastOpMs(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "lastOpDeviceMs");
+    return Napi::Number::New(env, on_device(env, [&c] { return c.device->moe()->last_op_ms(); }));
+  }
+
   static void OnEnvCleanup(void* arg) {
     auto* self = static_cast<ContextWrap*>(arg);
     self->cleanup_ran_ = true;
@@ -636,6 +801,7 @@ Napi::Object layout_object(Napi::Env env, const EpConfig& c) {
   bo.Set("dispatchBytes", double(b.dispatch_bytes));
   bo.Set("combineX", double(b.combine_x));
   bo.Set("combineWeights", double(b.combine_weights));
+  bo.Set("combineFlags", double(b.combine_flags));
   bo.Set("combineBytes", double(b.combine_bytes));
   bo.Set("bytes", double(b.bytes));
   Napi::Object o = Napi::Object::New(env);

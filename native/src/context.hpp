@@ -68,6 +68,7 @@ struct Session {
 };
 
 class Context;
+class MoeDevice;  // moe_device.hpp
 
 // The GPU side of a rank (backend 'cuda'), implemented by native/src/gpu/ and linked in only when the
 // build found cuda.h. Every method runs on the rank's executor thread, where its CUDA context is current.
@@ -103,6 +104,8 @@ class DeviceBackend {
   virtual int device_ordinal() const = 0;
   virtual std::string device_name() const = 0;
   virtual bool has_nccl() const = 0;
+  // Dispatch/combine on the GPU (native/src/gpu/moe.cc), made on first use; null where unsupported.
+  virtual MoeDevice* moe() { return nullptr; }
   // Frees everything (NCCL communicator, window, kernels, memory, context). Idempotent; works after
   // a kernel trap. Runs on the executor thread.
   virtual void destroy() noexcept = 0;

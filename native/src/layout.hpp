@@ -103,8 +103,9 @@ struct BufferLayout {
   int64_t scales_per_token = 0;     // hidden / 128 (fp8 only)
   // dispatch receive region, structure of arrays
   int64_t x = 0, scales = 0, topk_idx = 0, topk_weights = 0, src_token = 0, dispatch_bytes = 0;
-  // combine receive region: rows that rank p returns for my token t sit at slot p * max_tokens + t
-  int64_t combine_x = 0, combine_weights = 0, combine_bytes = 0;
+  // combine receive region: rows that rank p returns for my token t sit at slot p * max_tokens + t;
+  // combine_flags: a uint64 arrival flag per slot (the CUDA combine's split mode, kernels/combine.cu)
+  int64_t combine_x = 0, combine_weights = 0, combine_flags = 0, combine_bytes = 0;
   int64_t bytes = 0;                // max of the regions, 2 MiB aligned
 
   RF_HD static BufferLayout make(const EpConfig& c) {
@@ -122,6 +123,7 @@ struct BufferLayout {
     off = 0;
     l.combine_x = off;       off = align_up(off + l.slots * c.hidden * 2, kRegionAlignment);
     l.combine_weights = off; off = align_up(off + l.slots * c.topk * 4, kRegionAlignment);
+    l.combine_flags = off;   off = align_up(off + l.slots * 8, kRegionAlignment);
     l.combine_bytes = off;
     const int64_t need = l.dispatch_bytes > l.combine_bytes ? l.dispatch_bytes : l.combine_bytes;
     l.bytes = align_up(need > 0 ? need : 1, kAlignment);

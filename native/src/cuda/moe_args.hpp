@@ -100,11 +100,11 @@ RF_HD int64_t host_counts_words(int32_t world, int64_t experts_per_rank) {
   return int64_t(world) * (1 + experts_per_rank);
 }
 
-// Combine's per-row arrival flags (split mode, see combine.cu): uint64 per receive slot, right after
-// the combine region (inside the buffer: the dispatch region is larger). Not in layout.hpp yet.
+// Combine's per-row arrival flags (split mode, see combine.cu): uint64 per receive slot, the region
+// BufferLayout::combine_flags (layout.hpp), part of the combine region and so of size_hint.
 constexpr uint64_t kCombineFlagTag = 0x5EEDF1A6u;
-RF_HD int64_t combine_flags_offset(const BufferLayout& b) { return b.combine_bytes; }
-RF_HD bool combine_flags_fit(const BufferLayout& b) { return b.combine_bytes + b.slots * 8 <= b.bytes; }
+RF_HD int64_t combine_flags_offset(const BufferLayout& b) { return b.combine_flags; }
+RF_HD bool combine_flags_fit(const BufferLayout& b) { return b.combine_flags + b.slots * 8 <= b.bytes; }
 
 // Dispatch tensors (device addresses). Input x is [T, hidden] of x_elem_bytes (2: bf16, 1: fp8).
 struct DispatchIn {

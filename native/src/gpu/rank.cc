@@ -25,6 +25,7 @@
 #include "../cuda/nccl.hpp"
 #include "../cuda/symmetric.hpp"
 #include "../host/signals.hpp"
+#include "rank_gpu.hpp"
 
 namespace rankflow::gpu {
 namespace {
@@ -93,7 +94,7 @@ std::string hex(uint64_t v) {
   return s;
 }
 
-class CudaRank final : public DeviceBackend {
+class CudaRank final : public DeviceBackend, public RankGpu {
  public:
   explicit CudaRank(Context& c) : c_(c) {
     translating(c.rank(), [&] {
@@ -375,12 +376,38 @@ class CudaRank final : public DeviceBackend {
   std::string device_name() const override { return dev_ ? dev_->name() : std::string(); }
   bool has_nccl() const override { return comm_ != nullptr; }
 
+  // MoE dispatch/combine (moe.cc), made on first use: the kernels load then.
+  MoeDevice* moe() override {
+    check_alive("dispatch/combine");
+    if (!moe_) moe_ = translating(rank(), [&] { return make_cuda_moe(*this); });
+    return moe_.get();
+  }
+  Context& ctx() override { return c_; }
+  CUstream stream() const override { return stream_; }
+  CUdeviceptr window_of(int peer) const override { return mem_.peer_base(peer); }
+  int64_t window_stride() const override { return mem_.stride(); }
+  CUdeviceptr peer_table() const override { return scratch_; }
+  CUdeviceptr arrivals() const override { return arrivals_; }
+  CUdeviceptr diag() const override { return diag_.device(); }
+  int sms() const override { return dev_->sm_count(); }
+  void* nccl_comm() const override { return comm_; }
+  void check_alive(const char* what) const override { check_alive_(what); }
+  void sync_stream(uint32_t seq) override { sync(seq); }
+  void mark_dead(const std::string& why) override {
+    dead_ = true;
+    death_ = why;
+  }
+
   void destroy() noexcept override {
     if (destroyed_) return;
     destroyed_ = true;
     try {
       if (dev_) dev_->make_current();
     } catch (...) {
+    }
+    if (moe_) {
+      moe_->destroy();  // its memory, events and kernels, before the stream and the context go
+      moe_.reset();
     }
     if (comm_ != nullptr) {
       try {
@@ -503,7 +530,7 @@ class CudaRank final : public DeviceBackend {
     agrs_->signal(stream_, a, c_.ws.done, a.seq, ring, phase);
   }
 
-  void check_alive(const char* what) const {
+  void check_alive_(const char* what) const {
     if (dead_)
       throw Error("RANK_FAILED",
                   "rank " + std::to_string(rank()) + " cannot run " + what + ": its GPU context is dead (" + death_ +
@@ -649,6 +676,7 @@ class CudaRank final : public DeviceBackend {
   CUdeviceptr scratch_ = 0, arrivals_ = 0;
   cuda::ncclComm_t comm_ = nullptr;
   cuda::ncclWindow_t window_ = nullptr;
+  std::unique_ptr<MoeDevice> moe_;
   uint32_t a_seq_ = 0;
   bool dead_ = false, destroyed_ = false;
   std::string death_;

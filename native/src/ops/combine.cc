@@ -3,11 +3,17 @@
 // rows of the ranks it sent the token to, in rank order, in fp32, adds the biases, and rounds to bf16.
 #include <cstring>
 
+#include "../moe_device.hpp"
 #include "ops.hpp"
 
 namespace rankflow::ops {
 
 void combine(Context& c, const CombineInput& in, uint16_t* out_x, float* out_weights) {
+  if (c.on_cuda()) {  // the kernels: native/src/gpu/moe.cc
+    MoeDevice* m = c.device->moe();
+    RF_CHECK(m != nullptr, "EINVAL", "combine is not available on this rank's device backend");
+    return m->combine(in, out_x, out_weights);
+  }
   auto l = c.layout(in.handle);
   RF_CHECK(l && l->complete, "EINVAL", "handle " + std::to_string(in.handle) + " is unknown or expired on rank " + std::to_string(c.rank()));
   const auto& cfg = c.cfg.ep;

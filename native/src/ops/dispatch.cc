@@ -3,11 +3,19 @@
 // Receive order: by source rank, then by source token index. A token is sent once per destination rank.
 #include <cstring>
 
+#include "../moe_device.hpp"
 #include "ops.hpp"
 
 namespace rankflow::ops {
 
 namespace {
+
+// On cuda the phases run on the GPU: native/src/gpu/moe.cc.
+MoeDevice& gpu(Context& c) {
+  MoeDevice* m = c.device->moe();
+  RF_CHECK(m != nullptr, "EINVAL", "dispatch is not available on this rank's device backend");
+  return *m;
+}
 
 int64_t experts_per_rank(const Context& c) { return c.cfg.ep.num_experts / c.world(); }
 
@@ -35,6 +43,7 @@ void build_routing(Context& c, DispatchLayout& l, const DispatchInput& in) {
 }  // namespace
 
 uint32_t dispatch_notify(Context& c, const DispatchInput& in) {
+  if (c.on_cuda()) return gpu(c).dispatch_notify(in);
   const int64_t K = c.cfg.ep.topk, epr = experts_per_rank(c), W = c.world();
   RF_CHECK(in.num_tokens <= c.cfg.ep.max_tokens_per_rank, "EINVAL",
            "x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
@@ -86,6 +95,7 @@ uint32_t dispatch_notify(Context& c, const DispatchInput& in) {
 }
 
 DispatchCounts dispatch_wait(Context& c, uint32_t layout_id) {
+  if (c.on_cuda()) return gpu(c).dispatch_wait(layout_id);
   auto l = c.layout(layout_id);
   RF_CHECK(l != nullptr, "EINVAL", "dispatch layout " + std::to_string(layout_id) + " is unknown");
   const int64_t epr = experts_per_rank(c);
@@ -113,6 +123,10 @@ DispatchCounts dispatch_wait(Context& c, uint32_t layout_id) {
 }
 
 void dispatch_data(Context& c, uint32_t layout_id, const DispatchInput& in, const DispatchOutput& out) {
+  if (c.on_cuda()) {
+    DispatchOutput o = out;
+    return gpu(c).dispatch_data(layout_id, in, o);
+  }
   auto l = c.layout(layout_id);
   RF_CHECK(l != nullptr, "EINVAL", "dispatch layout " + std::to_string(layout_id) + " is unknown");
   const auto& cfg = c.cfg.ep;

@@ -27,6 +27,8 @@ struct DispatchInput {
   int64_t num_tokens = 0;
   int64_t expert_alignment = 1;
   uint32_t cached_handle = 0;          // 0 = compute the layout and notify
+  bool device = false;                 // cuda rank programs: the pointers are device addresses
+  int num_sms = 0;                     // cuda: blocks of the data kernel (0 = every SM)
 };
 struct DispatchCounts {
   int64_t num_recv = 0;
@@ -39,6 +41,7 @@ struct DispatchOutput {
   float* topk_weights = nullptr;
   int32_t* src_rank = nullptr;
   int32_t* src_token = nullptr;
+  bool in_buffer = false;              // cuda: leave the outputs in the buffer (their addresses come back here)
 };
 // Phase 1 (layout + notify): returns the layout id the handle will carry.
 uint32_t dispatch_notify(Context& c, const DispatchInput& in);
@@ -54,6 +57,8 @@ struct CombineInput {
   const uint16_t* x = nullptr;          // [num_recv, hidden] bf16
   const float* topk_weights = nullptr;  // [num_recv * K] or null: the dispatched weights
   const uint16_t* bias[2] = {nullptr, nullptr};  // [T, hidden] bf16 each
+  bool device = false;                  // cuda rank programs: x, weights, biases and outputs are device addresses
+  int num_sms = 0;                      // cuda: blocks of the combine kernel (0 = every SM)
 };
 void combine(Context& c, const CombineInput& in, uint16_t* out_x, float* out_weights);
 

@@ -1,0 +1,76 @@
+// Device-resident tensors of cuda rank programs (`rank.tensor(...)` on backend 'cuda'): memory on the
+// rank's GPU (cuMemAlloc on its context, through the rank's executor thread), freed with `free()` or
+// when the group is destroyed; `toHost()` copies it back after the rank's queued work.
+import { invalid, RankflowError } from './errors.js';
+import { ELEMENT_BYTES, fromBytes, numel, type DType, type Tensor } from './tensor.js';
+
+/** What a device tensor needs from its rank's native context. */
+export interface DeviceMemory {
+  deviceAlloc(bytes: number): bigint;
+  deviceFree(ptr: bigint): void;
+  deviceUpload(ptr: bigint, data: ArrayBufferView): void;
+  deviceDownload(ptr: bigint, bytes: number): Uint8Array;
+}
+
+export class DeviceTensor<D extends DType = DType> {
+  readonly device = true as const;
+  readonly shape: number[];
+  private freed = false;
+
+  /** @internal owned: freed by free(); a view (outputs left in the buffer) only forgets its address */
+  constructor(
+    private readonly mem: DeviceMemory,
+    readonly dtype: D,
+    shape: number[],
+    private readonly address: bigint,
+    private readonly owned = true,
+  ) {
+    this.shape = [...shape];
+  }
+
+  get bytes(): number {
+    return numel(this.shape) * ELEMENT_BYTES[this.dtype];
+  }
+
+  /** The device address (for the native side). */
+  get ptr(): bigint {
+    if (this.freed) throw new RankflowError('STATE', 'this device tensor was freed');
+    return this.address;
+  }
+
+  /** Copies the tensor to a host tensor (waits for the rank's queued GPU work). */
+  toHost(): Tensor<D> {
+    return fromBytes(this.dtype, this.shape, this.mem.deviceDownload(this.ptr, this.bytes));
+  }
+
+  /** Overwrites the tensor with host data of the same byte length. */
+  upload(data: ArrayBufferView): void {
+    if (data.byteLength !== this.bytes) throw invalid('data', `has ${data.byteLength} bytes; the tensor has ${this.bytes}`);
+    this.mem.deviceUpload(this.ptr, data);
+  }
+
+  /** Gives the memory back (a tensor of the same size reuses it); safe twice. */
+  free(): void {
+    if (this.freed) return;
+    this.freed = true;
+    if (this.owned) this.mem.deviceFree(this.address);
+  }
+}
+
+export const isDeviceTensor = (t: unknown): t is DeviceTensor => t instanceof DeviceTensor;
+
+/** @internal uninitialised device memory of `dtype` and `shape` (outputs the kernels fill). */
+export function deviceEmpty<D extends DType>(mem: DeviceMemory, dtype: D, shape: number[]): DeviceTensor<D> {
+  return new DeviceTensor(mem, dtype, shape, mem.deviceAlloc(numel(shape) * ELEMENT_BYTES[dtype]));
+}
+
+/** A device tensor of `dtype` and `shape`, zero-filled or holding `data` (host typed array of the same bytes). */
+export function deviceTensor<D extends DType>(mem: DeviceMemory, dtype: D, shape: number[], data?: ArrayBufferView): DeviceTensor<D> {
+  if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid('shape', 'must be a list of non-negative integers');
+  if (!(dtype in ELEMENT_BYTES)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
+  const bytes = numel(shape) * ELEMENT_BYTES[dtype];
+  if (data !== undefined && data.byteLength !== bytes) throw invalid('data', `has ${data.byteLength} bytes; [${shape.join(', ')}] ${dtype} needs ${bytes}`);
+  const t = new DeviceTensor(mem, dtype, shape, mem.deviceAlloc(bytes));
+  t.upload(data ?? new Uint8Array(bytes));
+  return t;
+}
