@@ -234,6 +234,18 @@ export class Group extends EventEmitter<GroupEvents> {
         this.members.forEach((m, r) => { if (!this.ranks[r]!.exited) void m.api.peerFailed(g, info).catch(() => {}); });
       }
     });
+    // A rank of another process failed while its process lives on (a timeout, a terminated worker):
+    // fail the local ranks as the origin's local peers are failed (markFailed).
+    joined.rv.onRankFailed((f) => {
+      if (this.destroying) return;
+      const error = new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase });
+      this.emit('failed', { rank: f.rank, error });
+      const info: FailureInfo = { code: 'RANK_FAILED', message: f.message, rank: f.rank, phase: f.phase };
+      this.members.forEach((m, r) => {
+        const peer = this.ranks[r]!;
+        if (!peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(f.rank, info).catch(() => {});
+      });
+    });
     try {
       if (this.backend === 'cuda') {
         // NCCL's unique id travels from global rank 0's process through the rendezvous.
@@ -305,6 +317,7 @@ export class Group extends EventEmitter<GroupEvents> {
       const peer = this.ranks[r]!;
       if (r !== local && !peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(rank, info).catch(() => {});
     });
+    this.rv?.announceFailure({ rank, message: info.message, ...(error.phase !== undefined ? { phase: error.phase } : {}) });
   }
 
   /** Calls rank r's worker; fails with RANK_FAILED if the worker dies first. */

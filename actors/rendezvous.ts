@@ -4,8 +4,9 @@
 // process connects to it (a star). Messages are newline-delimited JSON. The leader checks that all
 // processes name the same world size and that their rank ranges partition [0, worldSize), then
 // sends everyone the table of processes. The connections stay open: they carry `exchange` (an
-// all-gather of small JSON values, e.g. NCCL's unique id or fd socket names) and tell everyone
-// when a process goes away without saying goodbye (`onPeerLost`).
+// all-gather of small JSON values, e.g. NCCL's unique id or fd socket names), tell everyone
+// when a process goes away without saying goodbye (`onPeerLost`), and relay the failures of ranks
+// whose process lives on (`announceFailure` / `onRankFailed`: a timeout, a terminated worker).
 import net from 'node:net';
 
 import { RankflowError, type RankflowErrorCode } from './errors.js';
@@ -42,6 +43,14 @@ export interface PeerLost {
   reason: string;
 }
 
+/** A rank that failed (the origin of a failure), as its process tells the others. */
+export interface RankFailure {
+  /** global rank id */
+  rank: number;
+  message: string;
+  phase?: string;
+}
+
 export interface Rendezvous {
   /** One entry per process, sorted by rankOffset; this process included. */
   readonly peers: readonly RendezvousPeer[];
@@ -57,6 +66,13 @@ export interface Rendezvous {
    * that happened before registration are replayed. Returns an unsubscribe function.
    */
   onPeerLost(cb: (lost: PeerLost) => void): () => void;
+  /** Tells every other process that a rank of this one failed (best effort: fire and forget). */
+  announceFailure(f: RankFailure): void;
+  /**
+   * Called once per failure another process announces. Failures announced before registration are
+   * replayed. Returns an unsubscribe function.
+   */
+  onRankFailed(cb: (f: RankFailure) => void): () => void;
   /** Says goodbye and closes the connections; pending exchanges reject with STATE. */
   close(): Promise<void>;
 }
@@ -96,6 +112,7 @@ type Message =
   | { t: 'xall'; seq: number; values: unknown[] }
   | { t: 'xerr'; seq: number; code: RankflowErrorCode; message: string; rank?: number }
   | { t: 'lost'; index: number; reason: string }
+  | { t: 'failed'; from: number; failure: RankFailure }
   | { t: 'bye' };
 
 /** Meets the other processes of the world; see the file header. */
@@ -396,6 +413,8 @@ abstract class Session implements Rendezvous {
   protected closed = false;
   protected readonly lost = new Map<number, PeerLost>();
   private readonly listeners = new Set<(lost: PeerLost) => void>();
+  private readonly failures: RankFailure[] = [];
+  private readonly failureListeners = new Set<(f: RankFailure) => void>();
 
   constructor(
     readonly peers: readonly RendezvousPeer[],
@@ -406,7 +425,21 @@ abstract class Session implements Rendezvous {
 
   abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
   abstract close(): Promise<void>;
+  abstract announceFailure(f: RankFailure): void;
   protected abstract failPending(error: RankflowError): void;
+
+  onRankFailed(cb: (f: RankFailure) => void): () => void {
+    this.failureListeners.add(cb);
+    for (const f of this.failures) queueMicrotask(() => this.failureListeners.has(cb) && cb(f));
+    return () => this.failureListeners.delete(cb);
+  }
+
+  /** A failure another process announced: for this process's listeners. */
+  protected rankFailed(f: RankFailure): void {
+    if (this.closed || typeof f?.rank !== 'number' || typeof f.message !== 'string') return;
+    this.failures.push(f);
+    for (const cb of this.failureListeners) cb(f);
+  }
 
   onPeerLost(cb: (lost: PeerLost) => void): () => void {
     this.listeners.add(cb);
@@ -457,7 +490,11 @@ class LeaderSession extends Session {
       ch.listen(
         (m) => {
           if (m.t === 'x') this.contribute(m.seq, index, m.value);
-          else if (m.t === 'bye') {
+          else if (m.t === 'failed') {
+            // A star: the leader passes a follower's failure on to the other followers.
+            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'failed', from: index, failure: m.failure });
+            this.rankFailed(m.failure);
+          } else if (m.t === 'bye') {
             this.goodbyes.add(index);
             ch.end();
           }
@@ -496,6 +533,11 @@ class LeaderSession extends Session {
       p.settle = { resolve: resolve as (v: unknown[]) => void, reject, timer };
       this.contribute(seq, this.self, wire);
     });
+  }
+
+  announceFailure(failure: RankFailure): void {
+    if (this.closed) return;
+    this.broadcast({ t: 'failed', from: this.self, failure: toWire(failure, 'failure') as RankFailure });
   }
 
   private entry(seq: number): PendingExchange {
@@ -566,6 +608,7 @@ class FollowerSession extends Session {
         else if (m.t === 'xerr')
           this.settle(m.seq, (s) => s.reject(new RankflowError(m.code, m.message, m.rank === undefined ? undefined : { rank: m.rank })));
         else if (m.t === 'lost') this.markLost(m.index, m.reason);
+        else if (m.t === 'failed') this.rankFailed(m.failure);
         else if (m.t === 'bye') this.leaderLeft = true;
       },
       (reason) => {
@@ -608,6 +651,11 @@ class FollowerSession extends Session {
       this.pending.set(seq, { resolve: resolve as (v: unknown[]) => void, reject, timer });
       this.channel.send({ t: 'x', seq, value: wire });
     });
+  }
+
+  announceFailure(failure: RankFailure): void {
+    if (this.closed || this.leaderLeft) return;
+    this.channel.send({ t: 'failed', from: this.self, failure: toWire(failure, 'failure') as RankFailure });
   }
 
   protected failPending(error: RankflowError): void {

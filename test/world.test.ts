@@ -94,3 +94,38 @@ describe('a world that does not add up', () => {
     expect(await a.exited).toBe(0);
   });
 });
+
+// The origin's process is the leader (rendezvous at rankOffset 0) or a follower whose announcement
+// the leader passes on to the other followers. The origin's process has gpuSeconds 1: its rank
+// `late` never enters the barrier, so its other rank times out there. Every other process waits in
+// the same barrier with gpuSeconds 600: only the relayed failure can end their wait before the
+// test's bound, and the origin's process stays alive meanwhile.
+describe.each([
+  { layout: [2, 2], origin: 0 },
+  { layout: [1, 2, 1], origin: 1 },
+])('a rank that fails while its process lives on ($layout ranks, origin in process $origin)', ({ layout, origin }) => {
+  it('fails the other processes\' ranks with RANK_FAILED naming it, relayed over the rendezvous', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const worldSize = layout.reduce((x, y) => x + y, 0);
+    const offsets = layout.map((_, i) => layout.slice(0, i).reduce((x, y) => x + y, 0));
+    const timedOut = offsets[origin]!, late = timedOut + 1;
+    const procs = layout.map((ranks, i) => forkFixture('world-child', {
+      url, worldSize, rankOffset: offsets[i], ranks, gpuSeconds: i === origin ? 1 : 600, late,
+    }));
+    children.push(...procs);
+    await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+
+    const inOrigin = await procs[origin]!.next('late', 30_000);
+    expect(inOrigin.error).toMatchObject({ code: 'TIMEOUT_GPU', rank: late });
+    for (const c of procs.filter((_, i) => i !== origin)) {
+      const m = await c.next('late', 30_000);
+      expect(m.error).toMatchObject({ code: 'RANK_FAILED', rank: timedOut, message: expect.stringMatching(new RegExp(`^rank ${timedOut} failed: .*rank ${late}`)) });
+      for (const s of m.snapshot as Array<{ state: string; error?: { code: string; rank: number } }>)
+        expect(s).toMatchObject({ state: 'failed', error: { code: 'RANK_FAILED', rank: timedOut } });
+    }
+    expect(procs[origin]!.proc.exitCode).toBe(null);  // they learned it from its process, not from its death
+
+    for (const c of procs) c.send({ kind: 'exit' });
+    expect(await Promise.all(procs.map((c) => c.exited))).toEqual(procs.map(() => 0));
+  });
+});
