@@ -135,7 +135,7 @@ describe('a cuda world of 2 processes x 1 GPU', () => {
         assert.deepEqual(m.states, ['destroyed']);
         console.log(`${kind}: fds ${m.fdsBefore} before the group, ${m.fdsAfter} after destroy`);
         // The first world warms up what the driver and NCCL keep for the process's life.
-        if (kind !== 'gpu') assert.equal(m.fdsAfter, m.fdsBefore);
+        if (kind !== 'gpu') assert.ok(m.fdsAfter <= m.fdsBefore, `${kind}: ${m.fdsAfter} fds after destroy, ${m.fdsBefore} before`);
       }
     });
   }
