@@ -422,17 +422,20 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     return schedule(info.Env(), {}, [&c, cpu] { ops::barrier(c, cpu); });
   }
 
-  Napi::Value AllGather(const Napi::CallbackInfo& info) {
+  // (Uint8Array in) -> Promise<Uint8Array>: the ops that move bytes and return bytes (the world's
+  // concatenation when `gathered`, else the same size).
+  Napi::Value bytes_op(const Napi::CallbackInfo& info, bool gathered, void (*op)(Context&, const uint8_t*, int64_t, uint8_t*)) {
     Napi::Env env = info.Env();
     Context& c = ctx(env);
     const auto in = info[0].As<Napi::Uint8Array>();
-    auto out = Napi::Uint8Array::New(env, in.ByteLength() * size_t(c.world()));
+    auto out = Napi::Uint8Array::New(env, in.ByteLength() * (gathered ? size_t(c.world()) : 1));
     const uint8_t* src = in.Data();
     uint8_t* dst = out.Data();
     const int64_t n = int64_t(in.ByteLength());
-    return schedule(env, {in, out}, [&c, src, n, dst] { ops::all_gather(c, src, n, dst); },
-                    resolve_with_output);
+    return schedule(env, {in, out}, [&c, op, src, n, dst] { op(c, src, n, dst); }, resolve_with_output);
   }
+
+  Napi::Value AllGather(const Napi::CallbackInfo& info) { return bytes_op(info, /*gathered=*/true, ops::all_gather); }
 
   ops::DispatchInput dispatch_input(const Napi::Object& o) {
     const Context& c = *ctx_;
@@ -585,17 +588,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     return schedule(info.Env(), {}, [&c] { ops::session_close(c); });
   }
 
-  Napi::Value SessionAllGather(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Context& c = ctx(env);
-    const auto in = info[0].As<Napi::Uint8Array>();
-    auto out = Napi::Uint8Array::New(env, in.ByteLength() * size_t(c.world()));
-    const uint8_t* src = in.Data();
-    uint8_t* dst = out.Data();
-    const int64_t n = int64_t(in.ByteLength());
-    return schedule(env, {in, out}, [&c, src, n, dst] { ops::session_all_gather(c, src, n, dst); },
-                    resolve_with_output);
-  }
+  Napi::Value SessionAllGather(const Napi::CallbackInfo& info) { return bytes_op(info, /*gathered=*/true, ops::session_all_gather); }
 
   // (input typed array of W*n elements, bf16?) -> output typed array of n elements
   Napi::Value SessionReduceScatter(const Napi::CallbackInfo& info) {
@@ -637,17 +630,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                     resolve_with_output);
   }
 
-  Napi::Value PpExchange(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Context& c = ctx(env);
-    const auto in = info[0].As<Napi::Uint8Array>();
-    auto out = Napi::Uint8Array::New(env, in.ByteLength());
-    const uint8_t* src = in.Data();
-    uint8_t* dst = out.Data();
-    const int64_t n = int64_t(in.ByteLength());
-    return schedule(env, {in, out}, [&c, src, n, dst] { ops::pp_exchange(c, src, n, dst); },
-                    resolve_with_output);
-  }
+  Napi::Value PpExchange(const Napi::CallbackInfo& info) { return bytes_op(info, /*gathered=*/false, ops::pp_exchange); }
 
   // cuda: (op, engine, bytes, iters) -> microseconds per call on device-resident data (bench/gpu-agrs).
   Napi::Value BenchAgrs(const Napi::CallbackInfo& info) {
