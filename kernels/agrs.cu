@@ -19,17 +19,6 @@ using namespace rankflow::kernels;
 
 namespace {
 
-constexpr int kWarpSize = 32;
-constexpr int kUnroll = 4;
-constexpr int64_t kChunkBytes = int64_t(kWarpSize) * kUnroll * 16;  // 2 KiB per warp step
-
-__device__ __forceinline__ int4 ld_nc_v4(const int4* p) {
-  int4 v;
-  asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ int ring_dst(int rank, int world, int start, int k) { return (rank + start + k) % world; }
 __device__ __forceinline__ int ring_src(int rank, int world, int start, int k) {
@@ -85,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(256) rf_put(
     __syncthreads();
   }
 
-  const int64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  const int64_t chunks = (bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
   const int64_t items = chunks * dst_count;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
@@ -98,27 +87,10 @@ extern "C" __global__ void __launch_bounds__(256) rf_put(
     // Rank p's part of my input (reduce-scatter: chunk p; allGather: src_stride 0).
     const int4* in = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(src) + int64_t(p) * src_stride);
     int4* out = reinterpret_cast<int4*>(peer_base[p] + uint64_t(dst_offset));
-    int4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = chunk * (kChunkBytes / 16) + u * kWarpSize + lane;
-      if (i < vecs) v[u] = ld_nc_v4(in + i);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = chunk * (kChunkBytes / 16) + u * kWarpSize + lane;
-      if (i < vecs) out[i] = v[u];
-    }
+    warp_copy_chunk(out, in, chunk, vecs, lane);
   }
 
-  __threadfence_system();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x == 0) *arrivals = 0;
+  if (!last_block_arrived(arrivals)) return;
   for (int k = int(threadIdx.x); k < dst_count; k += int(blockDim.x)) {
     const int p = ring_dst(rank, world, dst_start, k);
     if (p != rank)

@@ -12,23 +12,6 @@
 using namespace rankflow;
 using namespace rankflow::kernels;
 
-namespace {
-
-constexpr int kWarpSize = 32;
-// Independent 16-byte loads in flight per lane before the first store (Hopper: several per thread).
-constexpr int kUnroll = 4;
-constexpr int64_t kChunkBytes = int64_t(kWarpSize) * kUnroll * 16;  // 2 KiB per warp step
-
-__device__ __forceinline__ int4 ld_nc_v4(const int4* p) {
-  int4 v;
-  asm volatile("ld.global.nc.v4.s32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-}  // namespace
-
 // src: my `bytes` (device memory, 16-byte aligned). dst_offset: window offset of the gather region
 // (16-byte aligned); rank r's part at dst_offset + r * bytes. arrivals: one zeroed device word this
 // kernel uses as its grid-wide counter and leaves zeroed again. bytes % 16 == 0 (the launcher checks).
@@ -50,7 +33,7 @@ extern "C" __global__ void __launch_bounds__(256) rf_all_gather(
   __syncthreads();
 
   // 2. data.
-  const int64_t chunks = (bytes + kChunkBytes - 1) / kChunkBytes;
+  const int64_t chunks = (bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
   const int64_t items = chunks * world;
   const int lane = int(threadIdx.x) % kWarpSize;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
@@ -62,29 +45,11 @@ extern "C" __global__ void __launch_bounds__(256) rf_all_gather(
     const int p = int((rank + 1 + item % world) % world);
     const int64_t chunk = item / world;
     int4* out = reinterpret_cast<int4*>(peer_base[p] + uint64_t(dst_offset) + uint64_t(rank * bytes));
-    int4 v[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = chunk * (kChunkBytes / 16) + u * kWarpSize + lane;
-      if (i < vecs) v[u] = ld_nc_v4(in + i);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t i = chunk * (kChunkBytes / 16) + u * kWarpSize + lane;
-      if (i < vecs) out[i] = v[u];
-    }
+    warp_copy_chunk(out, in, chunk, vecs, lane);
   }
 
   // 3. done. Each thread's stores are pushed out to system scope before the block counts itself in.
-  __threadfence_system();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  // Acquire the other blocks' arrivals (their fences came before their atomicAdd).
-  __threadfence();
-  if (threadIdx.x == 0) *arrivals = 0;  // the next launch on this stream starts from zero
+  if (!last_block_arrived(arrivals)) return;
   for (int p = int(threadIdx.x); p < world; p += int(blockDim.x))
     st_release_sys(slot_ptr(peer_base[p] + uint64_t(workspace_offset), ws, ws.done, rank),
                    encode_signal(seq, 0));

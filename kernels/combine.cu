@@ -119,7 +119,7 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe
   }
 
   // 3. done.
-  if (grid_arrive_last(a.arrivals) && tid < W && tid != rank)
+  if (last_block_arrived(a.arrivals) && tid < W && tid != rank)
     st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.done, rank), encode_signal(a.seq, 0));
   if (!split && tid < W && tid != rank)
     wait_signal(slot_ptr(mine, a.ws, a.ws.done, tid), a.seq, a.timeout_ns, a.diag, kPhaseCombineData, tid);

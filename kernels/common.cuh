@@ -74,4 +74,50 @@ __device__ __forceinline__ uint64_t wait_signal(const uint64_t* slot, uint32_t s
   }
 }
 
+// ---- bulk copies shared by allGather and the AGRS puts ----
+constexpr int kWarpSize = 32;
+// Independent 16-byte loads in flight per lane before the first store (Hopper: several per thread).
+constexpr int kCopyUnroll = 4;
+constexpr int64_t kCopyChunkBytes = int64_t(kWarpSize) * kCopyUnroll * 16;  // 2 KiB per warp step
+
+// Read-only input, streamed once: a 16-byte non-coherent load with no L1 allocation.
+__device__ __forceinline__ int4 ld_nc_v4(const void* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// One warp copies chunk `chunk` (kCopyChunkBytes) of `vecs` 16-byte vectors: all loads first, then the
+// stores, so that kCopyUnroll loads per lane are in flight over NVLink.
+__device__ __forceinline__ void warp_copy_chunk(int4* out, const int4* in, int64_t chunk, int64_t vecs, int lane) {
+  int4 v[kCopyUnroll];
+#pragma unroll
+  for (int u = 0; u < kCopyUnroll; ++u) {
+    const int64_t i = chunk * (kCopyChunkBytes / 16) + u * kWarpSize + lane;
+    if (i < vecs) v[u] = ld_nc_v4(in + i);
+  }
+#pragma unroll
+  for (int u = 0; u < kCopyUnroll; ++u) {
+    const int64_t i = chunk * (kCopyChunkBytes / 16) + u * kWarpSize + lane;
+    if (i < vecs) out[i] = v[u];
+  }
+}
+
+// Every block calls it after its stores: true in the one block that arrives last, once every block's
+// stores are visible system-wide (a fence each, then a grid-wide count). The count is left at zero
+// for the next launch on the stream. Every thread of a block gets the same answer.
+__device__ __forceinline__ bool last_block_arrived(unsigned* arrivals) {
+  __threadfence_system();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();  // acquire the other blocks' arrivals (their fences came before their atomicAdd)
+  if (threadIdx.x == 0) *arrivals = 0;
+  return true;
+}
+
 }  // namespace rankflow::kernels

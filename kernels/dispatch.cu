@@ -251,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(
   }
 
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
-  if (grid_arrive_last(a.arrivals) && tid < W)
+  if (last_block_arrived(a.arrivals) && tid < W)
     st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.done, rank), encode_signal(a.seq, 0));
   if (tid < W) wait_signal(slot_ptr(mine, a.ws, a.ws.done, tid), a.seq, a.timeout_ns, a.diag, kPhaseDispatchData, tid);
   __syncthreads();
