@@ -29,6 +29,19 @@ export interface NativeInfo {
   };
 }
 
+/** What dispatchRun settles with: the layout id, the outputs' device addresses, the counts (alloc only). */
+export interface NativeDispatchRun {
+  id: number;
+  x: bigint;
+  scales?: bigint;
+  topkIdx: bigint;
+  topkWeights: bigint;
+  srcRank: bigint;
+  srcToken: bigint;
+  numRecv?: number;
+  tokensPerExpert?: number[];
+}
+
 export interface NativeContext {
   exported(): ExportedSegments;
   importPeers(peers: Array<{ deviceFd: number; hostFd: number }>): Promise<void>;
@@ -47,6 +60,11 @@ export interface NativeContext {
   dispatchWait(layoutId: number): Promise<{ numRecv: number; tokensPerExpert: number[] }>;
   dispatchData(layoutId: number, input: NativeDispatchInput, out: NativeDispatchOutput): Promise<void>;
   dispatchAbandon(layoutId: number): void;
+  /** cuda, device tensors: notify, CPU sync (alloc: outputs allocated natively) or none (outputs in the
+   *  buffer), and data in one executor job; progress(0) after notify, progress(1) once the counts are ready */
+  dispatchRun(input: NativeDispatchInput, opts: { alloc: boolean }, progress: (stage: number) => void): Promise<NativeDispatchRun>;
+  /** the barrier's device round, progress(0), then (cpuRound) its CPU-sync round, in one executor job */
+  barrierRun(cpuRound: boolean, progress: (stage: number) => void): Promise<void>;
   combine(input: NativeCombineInput, out: { x: Uint16Array; topkWeights: Float32Array }): Promise<void>;
   sessionOpen(maxBytes: number, maxAllGathers: number): Promise<void>;
   sessionClose(): Promise<void>;

@@ -13,10 +13,12 @@ import { parseArgs } from 'node:util';
 import { createGroup, probeCuda, sizeHint } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/config.js';
 import type { GpuFigure, GpuMoeArgs, GpuMoeResult } from './programs/gpu-moe.js';
+import { measureOverhead } from './overhead.js';
 
 const { values: flags } = parseArgs({
   options: {
     iters: { type: 'string', default: '30' },
+    'overhead-iters': { type: 'string', default: '2000' },
     warmup: { type: 'string', default: '5' },
     sms: { type: 'string', default: '8,16,24,32,48,64,96,132' },
     out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
@@ -79,12 +81,17 @@ async function main(): Promise<void> {
   console.log(`${pad('size', 10)} ${pad('op', 52)} ${pad('SMs', 4)} ${pad('call µs', 9)} ${pad('dev µs', 8)} ${pad('DeepEP GB/s call/dev', 21)} ${pad('remote GB/s dev', 16)} ${pad('xNCCL call/dev', 15)} xCE dev`);
   for (const r of rows)
     console.log(`${pad(r.size, 10)} ${pad(r.op, 52)} ${pad(r.sms || 'all', 4)} ${pad(r.us.toFixed(1), 9)} ${pad(r.device_us.toFixed(1), 8)} ${pad(`${r.gbps_deepep_metric.toFixed(1)} / ${r.gbps_deepep_metric_device.toFixed(1)}`, 21)} ${pad(r.gbps_remote_device.toFixed(1), 16)} ${pad(`${r.x_nccl.toFixed(2)} / ${r.x_nccl_device.toFixed(2)}`, 15)} ${r.x_ce_device.toFixed(2)}`);
+  // Per-op overhead of a nearly free op (a barrier: ~5 µs kernel) in a rank program: wall µs per call.
+  const overhead = await measureOverhead('cuda', 2, Number(flags['overhead-iters']), 200);
+  console.log('per-op wall µs of a rank program\'s barrier (2 ranks; the kernel alone takes ~5 µs)');
+  for (const f of overhead) console.log(`${pad(f.op, 22)} p50 ${f.p50.toFixed(1).padStart(8)}  p99 ${f.p99.toFixed(1).padStart(8)}  mean ${f.mean.toFixed(1).padStart(8)}`);
   const date = new Date().toISOString().slice(0, 10);
   const out = {
     date, commit: commit(), gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, nccl: probe.nccl?.version,
     mode: 'rank program, device-resident tensors; us: CUDA events around iters awaited calls after warmup (incl. per-call JS/executor overhead); device_us: median of events recorded natively around each op launches', config: { ...ep, iters: args.iters, warmup: args.warmup },
     metric: 'gbps_deepep_metric = bytes a rank receives per dispatch incl. local rows / time; gbps_remote = bytes over NVLink per direction / time; x_nccl = NCCL time / this time; x_ce = remote GB/s / copy engine GB/s',
     figures: rows,
+    overhead_us: overhead,
   };
   mkdirSync(flags.out!, { recursive: true });
   const file = path.join(flags.out!, `gpu-${date}.json`);

@@ -4,13 +4,14 @@
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 
 import type { RankEvent } from '../machines/index.js';
-import type { NativeContext, NativeDispatchInput, NativeDispatchOutput } from '../actors/native.js';
+import type { NativeContext, NativeDispatchInput, NativeDispatchOutput, NativeDispatchRun } from '../actors/native.js';
 import { invalid } from '../actors/errors.js';
-import { DeviceTensor, deviceEmpty, deviceTensor, isDeviceTensor } from '../actors/device-tensor.js';
+import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/device-tensor.js';
 import { bytesOf, checkArray, checkTensor, ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/tensor.js';
 import {
   checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from '../actors/validate.js';
+import { stagedPhases } from './staged.js';
 
 export interface RankInit {
   rank: number;
@@ -98,10 +99,10 @@ export class RankOps {
   ) {}
 
   barrier(withCpuSync = false): Promise<void> {
-    return this.request({ type: 'BARRIER', call: this.newCall(), withCpuSync }, {
-      barrierDevice: () => this.native.barrier(false),
-      barrierCpuSync: () => this.native.barrier(true),
-    });
+    if (!withCpuSync) return this.request({ type: 'BARRIER', call: this.newCall(), withCpuSync }, { barrierDevice: () => this.native.barrier(false) });
+    // Both rounds in one native job; the phases observe it (workers/staged.ts).
+    const [barrierDevice, barrierCpuSync] = stagedPhases(2, (progress) => this.native.barrierRun(true, progress));
+    return this.request({ type: 'BARRIER', call: this.newCall(), withCpuSync }, { barrierDevice, barrierCpuSync });
   }
 
   async allGather(t: Tensor): Promise<Tensor> {
@@ -194,19 +195,17 @@ export class RankOps {
       expertAlignment: d.expertAlignment ?? 1,
       ...(d.handle ? { handle: d.handle.id } : {}),
     } as unknown as NativeDispatchInput;
-    let layoutId = 0;
-    let counts: { numRecv: number; tokensPerExpert: number[] } | null = null;
     const mem = this.native;
+    // The fast path: notify, the CPU sync (outputs allocated natively once the counts are known) or
+    // none (outputs left in the buffer), and data run as one native job, GPU launches back to back;
+    // the machine's three phases resolve as the job reports them (workers/staged.ts).
+    const [dispatchNotify, dispatchCpuSync, run] = stagedPhases(3, (progress) => this.native.dispatchRun(input, { alloc: !inBuffer }, progress));
     return this.request<DeviceDispatchResult>({ type: 'DISPATCH', call: this.newCall() }, {
-      dispatchNotify: async () => {
-        layoutId = await this.native.dispatchNotify(input);
-      },
-      dispatchCpuSync: async () => {
-        // outputs in the buffer: no CPU sync (the counts stay on the device); a cached one knows them
-        if (!inBuffer) counts = await this.native.dispatchWait(layoutId);
-      },
+      dispatchNotify,
+      dispatchCpuSync,
       dispatchData: async () => {
-        const R = counts?.numRecv ?? null;
+        const at = (await run!()) as NativeDispatchRun;
+        const R = at.numRecv ?? null;
         const rows = R ?? W * maxTokensPerRank;
         const shapes = {
           x: [rows, hidden], scales: [rows, hidden / 128], topkIdx: [rows, topk], topkWeights: [rows, topk], srcRank: [rows], srcToken: [rows],
@@ -214,27 +213,16 @@ export class RankOps {
         const dtypes = { x: d.x.dtype, scales: 'fp32', topkIdx: 'int32', topkWeights: 'fp32', srcRank: 'int32', srcToken: 'int32' } as const;
         const names = ['x', ...(fp8 ? ['scales'] as const : []), 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
         const out: Record<string, DeviceTensor> = {};
-        if (inBuffer) {
-          const at = (await this.native.dispatchData(layoutId, input, { inBuffer: true } as never)) as unknown as Record<string, bigint>;
-          for (const n of names) out[n] = new DeviceTensor(mem, dtypes[n], [...shapes[n]], at[n]!, false);
-        } else {
-          for (const n of names) out[n] = deviceEmpty(mem, dtypes[n], [...shapes[n]]);
-          try {
-            const ptrs = Object.fromEntries(Object.entries(out).map(([k, t]) => [k, t.ptr]));
-            await this.native.dispatchData(layoutId, input, ptrs as never);
-          } catch (e) {
-            for (const t of Object.values(out)) t.free();
-            throw e;
-          }
-        }
+        // Outputs in the buffer are views (free() forgets them); allocated ones are the caller's to free.
+        for (const n of names) out[n] = new DeviceTensor(mem, dtypes[n], [...shapes[n]], at[n]!, !inBuffer);
         const handle: DispatchHandle = Object.freeze({
-          group: this.init.groupId, rank: this.init.rank, id: layoutId, seq: this.seqNow(), numTokens, numRecv: R ?? -1,
+          group: this.init.groupId, rank: this.init.rank, id: at.id, seq: this.seqNow(), numTokens, numRecv: R ?? -1,
         });
         return {
           x: out.x!, ...(out.scales ? { scales: out.scales as DeviceTensor<'fp32'> } : {}),
           topkIdx: out.topkIdx as DeviceTensor<'int32'>, topkWeights: out.topkWeights as DeviceTensor<'fp32'>,
           srcRank: out.srcRank as DeviceTensor<'int32'>, srcToken: out.srcToken as DeviceTensor<'int32'>,
-          numRecv: R, tokensPerExpert: counts?.tokensPerExpert ?? null, handle,
+          numRecv: R, tokensPerExpert: at.tokensPerExpert ?? null, handle,
           free: () => { for (const t of Object.values(out)) t.free(); },
         };
       },
@@ -245,23 +233,16 @@ export class RankOps {
   async combineDevice(c: DeviceCombineInput, bias: DeviceTensor[], opts: DeviceOptions = {}): Promise<{ x: DeviceTensor<'bf16'>; topkWeights: DeviceTensor<'fp32'> }> {
     const { hidden, topk } = this.init.buffer;
     const T = c.handle.numTokens;
-    const x = deviceEmpty(this.native, 'bf16', [T, hidden]);
-    const w = deviceEmpty(this.native, 'fp32', [T, topk]);
-    try {
-      await this.request({ type: 'COMBINE', call: this.newCall() }, {
-        combine: () => this.native.combine({
-          device: true, handle: c.handle.id, x: c.x.ptr, numSms: opts.numSms ?? 0,
-          ...(c.topkWeights ? { topkWeights: c.topkWeights.ptr } : {}),
-          ...(bias[0] ? { bias0: bias[0].ptr } : {}),
-          ...(bias[1] ? { bias1: bias[1].ptr } : {}),
-        } as never, { x: x.ptr, topkWeights: w.ptr } as never),
-      });
-    } catch (e) {
-      x.free();
-      w.free();
-      throw e;
-    }
-    return { x, topkWeights: w };
+    // The outputs are allocated natively in the combine's own job (no synchronous round trips).
+    const at = (await this.request({ type: 'COMBINE', call: this.newCall() }, {
+      combine: () => this.native.combine({
+        device: true, handle: c.handle.id, x: c.x.ptr, numSms: opts.numSms ?? 0,
+        ...(c.topkWeights ? { topkWeights: c.topkWeights.ptr } : {}),
+        ...(bias[0] ? { bias0: bias[0].ptr } : {}),
+        ...(bias[1] ? { bias1: bias[1].ptr } : {}),
+      } as never, { alloc: true } as never),
+    })) as unknown as { x: bigint; topkWeights: bigint };
+    return { x: new DeviceTensor(this.native, 'bf16', [T, hidden], at.x), topkWeights: new DeviceTensor(this.native, 'fp32', [T, topk], at.topkWeights) };
   }
 
   sessionOpen(maxBytes: number, maxAllGathers: number): Promise<void> {

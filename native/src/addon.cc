@@ -87,22 +87,44 @@ EpConfig ep_from(const Napi::Object& o, int world) {
 }
 
 // One asynchronous call: work on the executor, then `finish` on the JS thread. JS values the work
-// reads or writes are pinned by references until the call settles.
+// reads or writes are pinned by references until the call settles. Every call of a Context settles
+// through the Context's one thread-safe function (its Hub), ref'd while calls are pending and unref'd
+// when idle so that an idle worker can exit; a call may also report progress (`emit(stage)`) to a JS
+// callback without waiting for JS: deliveries are FIFO, so every stage arrives before the settle.
 struct Call;
-void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call);
-using Tsfn = Napi::TypedThreadSafeFunction<std::nullptr_t, Call, settle>;
+struct Hub;
+struct Delivery {
+  Call* call;
+  int stage;  // < 0: the call settles
+};
+void deliver(Napi::Env env, Napi::Function, Hub* hub, Delivery* d);
+using Tsfn = Napi::TypedThreadSafeFunction<Hub, Delivery, deliver>;
 
-struct Call {
-  explicit Call(Napi::Env env) : deferred(Napi::Promise::Deferred::New(env)) {}
-  Napi::Promise::Deferred deferred;
-  std::vector<Napi::Reference<Napi::Value>> keep;
-  std::function<void()> work;
-  std::function<Napi::Value(Napi::Env, Call&)> finish;
-  std::optional<Error> error;
+struct Hub {
   Tsfn tsfn;
+  int64_t pending = 0;    // calls not yet settled (JS thread only)
+  bool released = false;  // the Context is torn down: no Ref/Unref any more
 };
 
-void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call) {
+struct Call {
+  Call(Napi::Env env, Hub* h) : deferred(Napi::Promise::Deferred::New(env)), hub(h), settle{this, -1} {}
+  Napi::Promise::Deferred deferred;
+  std::vector<Napi::Reference<Napi::Value>> keep;
+  Napi::FunctionReference progress;  // progress(stage), if the call reports any
+  std::function<void()> work;
+  std::function<void(Call&)> staged;  // instead of work: a job that reports stages (emit)
+  std::function<Napi::Value(Napi::Env, Call&)> finish;
+  std::optional<Error> error;
+  Hub* hub;
+  Delivery settle;
+  // Executor thread: reports a stage to the JS callback without blocking (dropped if JS is closing).
+  void emit(int stage) {
+    auto* d = new Delivery{this, stage};
+    if (hub->tsfn.NonBlockingCall(d) != napi_ok) delete d;
+  }
+};
+
+void settle_call(Napi::Env env, Call* call) {
   if (env != nullptr) {
     // A worker being terminated (rank.terminate(), destroy()) refuses to run JS: every N-API call then
     // fails and node-addon-api throws. Nobody awaits this promise any more, and an exception escaping
@@ -119,11 +141,25 @@ void settle(Napi::Env env, Napi::Function, std::nullptr_t*, Call* call) {
       }
     } catch (const Napi::Error&) {
     }
+    Hub* hub = call->hub;
+    if (--hub->pending == 0 && !hub->released) hub->tsfn.Unref(env);
   } else {
     for (auto& r : call->keep) r.SuppressDestruct();  // the environment is gone: nothing to unref
+    call->progress.SuppressDestruct();
   }
-  call->tsfn.Release();
   delete call;
+}
+
+void deliver(Napi::Env env, Napi::Function, Hub*, Delivery* d) {
+  if (d->stage < 0) return settle_call(env, d->call);
+  const int stage = d->stage;
+  Call* call = d->call;
+  delete d;
+  if (env == nullptr || call->progress.IsEmpty()) return;  // torn down: the call's settle frees it
+  try {
+    call->progress.Call({Napi::Number::New(env, stage)});
+  } catch (const Napi::Error&) {
+  }
 }
 
 // Runs f on the executor thread and waits for it: CUDA work of a rank happens on that thread only.
@@ -158,6 +194,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
                            InstanceMethod<&ContextWrap::DispatchWait>("dispatchWait"),
                            InstanceMethod<&ContextWrap::DispatchData>("dispatchData"),
                            InstanceMethod<&ContextWrap::DispatchAbandon>("dispatchAbandon"),
+                           InstanceMethod<&ContextWrap::DispatchRun>("dispatchRun"),
+                           InstanceMethod<&ContextWrap::BarrierRun>("barrierRun"),
                            InstanceMethod<&ContextWrap::Combine>("combine"),
                            InstanceMethod<&ContextWrap::SessionOpen>("sessionOpen"),
                            InstanceMethod<&ContextWrap::SessionClose>("sessionClose"),
@@ -202,7 +240,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     cfg.hybrid = get_bool(o, "hybrid", true);
     cfg.cpu_timeout_s = get_double(o, "cpuSeconds", 300);
     cfg.gpu_timeout_s = get_double(o, "gpuSeconds", 100);
-    executor_ = std::make_unique<Executor>();
+    // On cuda the executor spins briefly for the next job (a rank program's next op follows soon).
+    executor_ = std::make_unique<Executor>(cfg.backend == Backend::Cuda ? 50 : 0);
     try {
       // On cuda the context is built on the executor thread: the rank's CUDA context is current there.
       if (cfg.backend == Backend::Cuda) ctx_ = run_on(*executor_, [&cfg] { return std::make_unique<Context>(cfg); });
@@ -214,6 +253,11 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       executor_->stop();
       throw to_js_error(env, "BACKEND_UNAVAILABLE", e.what(), -1, "");
     }
+    // The Context's one thread-safe function, created before the cleanup hook below so that the hook
+    // (which drains the executor into it) runs before Node tears the function down.
+    hub_ = new Hub();
+    hub_->tsfn = Tsfn::New(env, "rankflow-op", 0, 1, hub_, [](Napi::Env, void*, Hub* hub) { delete hub; });
+    hub_->tsfn.Unref(env);
     // A terminated worker never calls destroy(): stop the executor and unmap when its env goes away.
     env_ = env;
     napi_add_env_cleanup_hook(env, OnEnvCleanup, this);
@@ -225,14 +269,21 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
  private:
   void teardown() {
-    if (!ctx_) return;
-    ctx_->abort.stopping = true;
-    if (ctx_->on_cuda()) {
-      Context* c = ctx_.get();
-      executor_->post([c] { c->destroy(); });  // CUDA and NCCL teardown on the rank's thread
+    if (ctx_) {
+      ctx_->abort.stopping = true;
+      if (ctx_->on_cuda()) {
+        Context* c = ctx_.get();
+        executor_->post([c] { c->destroy(); });  // CUDA and NCCL teardown on the rank's thread
+      }
+      executor_->stop();  // queued calls settle into the hub first
+      ctx_.reset();
     }
-    executor_->stop();
-    ctx_.reset();
+    if (hub_ != nullptr) {
+      // Calls still queued are delivered (or dropped at env teardown); the finalizer frees the hub.
+      hub_->released = true;
+      hub_->tsfn.Release();
+      hub_ = nullptr;
+    }
   }
   Context& ctx(Napi::Env env) {
     if (!ctx_) throw to_js_error(env, "STATE", "the rank's context is destroyed", -1, "");
@@ -251,24 +302,41 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   // Schedules `work` on the executor; the returned Promise settles with `finish(env, call)`.
   Napi::Value schedule(Napi::Env env, std::vector<Napi::Value> pinned, std::function<void()> work,
                        std::function<Napi::Value(Napi::Env, Call&)> finish = nullptr) {
+    return schedule_call(env, std::move(pinned), std::move(work), nullptr, std::move(finish), Napi::Value());
+  }
+  // One job that runs several phases back to back and reports each finished one to `progress(stage)`
+  // (a JS function) without waiting for JS: the GPU work never waits on the rank machine.
+  Napi::Value schedule_staged(Napi::Env env, std::vector<Napi::Value> pinned, Napi::Value progress,
+                              std::function<void(Call&)> staged,
+                              std::function<Napi::Value(Napi::Env, Call&)> finish = nullptr) {
+    return schedule_call(env, std::move(pinned), nullptr, std::move(staged), std::move(finish), progress);
+  }
+  Napi::Value schedule_call(Napi::Env env, std::vector<Napi::Value> pinned, std::function<void()> work,
+                            std::function<void(Call&)> staged, std::function<Napi::Value(Napi::Env, Call&)> finish,
+                            Napi::Value progress) {
     ctx(env);
-    auto* call = new Call(env);
+    auto* call = new Call(env, hub_);
     for (const auto& v : pinned)
       if (!v.IsUndefined() && !v.IsNull()) call->keep.push_back(Napi::Persistent(v));
+    if (!progress.IsEmpty() && progress.IsFunction()) call->progress = Napi::Persistent(progress.As<Napi::Function>());
     call->work = std::move(work);
+    call->staged = std::move(staged);
     call->finish = std::move(finish);
-    call->tsfn = Tsfn::New(env, "rankflow-op", 0, 1);
     Napi::Promise promise = call->deferred.Promise();
-    executor_->post([call] {
+    if (hub_->pending++ == 0) hub_->tsfn.Ref(env);
+    Hub* hub = hub_;
+    executor_->post([call, hub] {
       try {
-        call->work();
+        if (call->staged) call->staged(*call);
+        else call->work();
       } catch (const Error& e) {
         call->error = e;
       } catch (const std::exception& e) {
         call->error = Error("EINVAL", e.what());
       }
-      if (call->tsfn.BlockingCall(call) != napi_ok) {
+      if (hub->tsfn.BlockingCall(&call->settle) != napi_ok) {
         for (auto& r : call->keep) r.SuppressDestruct();
+        call->progress.SuppressDestruct();
         delete call;  // the environment is closing; nobody waits for this promise any more
       }
     });
@@ -540,6 +608,87 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     return schedule(env, {o, outs}, [&c, id, in, out] { ops::dispatch_data(c, id, in, out); });
   }
 
+  // cuda rank programs, the fast path: (device input, { alloc }, progress) -> one executor job that runs
+  // notify, the CPU-sync wait (alloc: outputs of numRecv rows allocated here from the rank's device
+  // pool) or none (outputs left in the buffer), and data back to back, reporting stage 0 (notified)
+  // and 1 (counts ready) on the way; settles with the layout id, the outputs' addresses and the counts.
+  Napi::Value DispatchRun(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Context& c = cuda_ctx(env, "a device-tensor dispatch");
+    const auto o = info[0].As<Napi::Object>();
+    const ops::DispatchInput in = dispatch_input(o);
+    if (!in.device) throw_einval(env, "dispatchRun takes device tensors");
+    const bool alloc = get_bool(info[1].As<Napi::Object>(), "alloc", false);
+    struct Result {
+      uint32_t id = 0;
+      ops::DispatchOutput out;
+      std::optional<ops::DispatchCounts> counts;
+    };
+    auto r = std::make_shared<Result>();
+    return schedule_staged(
+        env, {o}, info[2],
+        [&c, in, alloc, r](Call& call) {
+          r->id = ops::dispatch_notify(c, in);
+          call.emit(0);
+          if (alloc) r->counts = ops::dispatch_wait(c, r->id);
+          call.emit(1);
+          MoeDevice* m = c.device->moe();
+          ops::DispatchOutput& out = r->out;
+          std::vector<uint64_t> owned;
+          try {
+            if (alloc) {
+              const int64_t R = r->counts->num_recv, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
+              auto take = [&](int64_t bytes) {
+                owned.push_back(m->alloc(bytes));
+                return reinterpret_cast<void*>(uintptr_t(owned.back()));
+              };
+              out.x = static_cast<uint8_t*>(take(R * H * in.x_elem_bytes));
+              if (in.scales != nullptr) out.scales = static_cast<float*>(take(R * (H / 128) * 4));
+              out.topk_idx = static_cast<int32_t*>(take(R * K * 4));
+              out.topk_weights = static_cast<float*>(take(R * K * 4));
+              out.src_rank = static_cast<int32_t*>(take(R * 4));
+              out.src_token = static_cast<int32_t*>(take(R * 4));
+            } else {
+              out.in_buffer = true;
+            }
+            m->dispatch_data(r->id, in, out);
+          } catch (...) {
+            for (const uint64_t p : owned) m->free(p);
+            throw;
+          }
+        },
+        [r](Napi::Env e, Call&) -> Napi::Value {
+          Napi::Object o = Napi::Object::New(e);
+          auto big = [&e](const void* p) { return Napi::BigInt::New(e, uint64_t(reinterpret_cast<uintptr_t>(p))); };
+          o.Set("id", Napi::Number::New(e, r->id));
+          o.Set("x", big(r->out.x));
+          if (r->out.scales != nullptr) o.Set("scales", big(r->out.scales));
+          o.Set("topkIdx", big(r->out.topk_idx));
+          o.Set("topkWeights", big(r->out.topk_weights));
+          o.Set("srcRank", big(r->out.src_rank));
+          o.Set("srcToken", big(r->out.src_token));
+          if (r->counts) {
+            o.Set("numRecv", Napi::Number::New(e, double(r->counts->num_recv)));
+            Napi::Array tpe = Napi::Array::New(e, r->counts->tokens_per_expert.size());
+            for (size_t i = 0; i < r->counts->tokens_per_expert.size(); ++i)
+              tpe.Set(uint32_t(i), Napi::Number::New(e, double(r->counts->tokens_per_expert[i])));
+            o.Set("tokensPerExpert", tpe);
+          }
+          return o;
+        });
+  }
+
+  // A barrier with its CPU-sync round in one job: stage 0 reports the device round's end.
+  Napi::Value BarrierRun(const Napi::CallbackInfo& info) {
+    Context& c = ctx(info.Env());
+    const bool cpu = info[0].ToBoolean().Value();
+    return schedule_staged(info.Env(), {}, info[1], [&c, cpu](Call& call) {
+      ops::barrier(c, false);
+      call.emit(0);
+      if (cpu) ops::barrier(c, true);
+    });
+  }
+
   Napi::Value DispatchAbandon(const Napi::CallbackInfo& info) {
     if (ctx_) ops::dispatch_abandon(*ctx_, info[0].As<Napi::Number>().Uint32Value());
     return info.Env().Undefined();
@@ -562,6 +711,29 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
       in.topk_weights = ptr_of<float>(o.Get("topkWeights"), "topkWeights");
       in.bias[0] = ptr_of<uint16_t>(o.Get("bias0"), "bias[0]");
       in.bias[1] = ptr_of<uint16_t>(o.Get("bias1"), "bias[1]");
+      if (get_bool(outs, "alloc", false)) {
+        // The fast path: the outputs [T, hidden] bf16 and [T, topk] fp32 allocated in the same job from
+        // the rank's device pool (no synchronous round trips); settles with their addresses.
+        const int64_t T = layout->num_tokens, K = c.cfg.ep.topk, H = c.cfg.ep.hidden;
+        auto at = std::make_shared<std::pair<uint64_t, uint64_t>>(0, 0);
+        return schedule(env, {o}, [&c, in, T, K, H, at] {
+          MoeDevice* m = c.device->moe();
+          at->first = m->alloc(T * H * 2);
+          try {
+            at->second = m->alloc(T * K * 4);
+            ops::combine(c, in, reinterpret_cast<uint16_t*>(uintptr_t(at->first)), reinterpret_cast<float*>(uintptr_t(at->second)));
+          } catch (...) {
+            m->free(at->first);
+            if (at->second != 0) m->free(at->second);
+            throw;
+          }
+        }, [at](Napi::Env e, Call&) -> Napi::Value {
+          Napi::Object r = Napi::Object::New(e);
+          r.Set("x", Napi::BigInt::New(e, at->first));
+          r.Set("topkWeights", Napi::BigInt::New(e, at->second));
+          return r;
+        });
+      }
       auto* out_x = ptr_of<uint16_t>(outs.Get("x"), "out.x");
       auto* out_w = ptr_of<float>(outs.Get("topkWeights"), "out.topkWeights");
       return schedule(env, {o, outs}, [&c, in, out_x, out_w] { ops::combine(c, in, out_x, out_w); });
@@ -670,7 +842,14 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
     if (!ctx_) return env.Undefined();  // destroyed: everything is freed already
     Context& c = cuda_ctx(env, "free");
     const uint64_t p = big_of(info[0], "ptr");
-    on_device(env, [&c, p] { c.device->moe()->free(p); });
+    // Queued, not waited for: the executor runs jobs in order, so later ops see the memory back in the
+    // pool. DeviceTensor.free() frees once; a foreign address is ignored.
+    executor_->post([&c, p] {
+      try {
+        c.device->moe()->free(p);
+      } catch (const std::exception&) {
+      }
+    });
     return env.Undefined();
   }
   Napi::Value DeviceUpload(const Napi::CallbackInfo& info) {
@@ -756,6 +935,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
 
   std::unique_ptr<Context> ctx_;
   std::unique_ptr<Executor> executor_;
+  Hub* hub_ = nullptr;  // owned by its thread-safe function (freed in its finalizer)
   napi_env env_ = nullptr;
   bool cleanup_ran_ = false;
 };
