@@ -77,6 +77,8 @@ export class RankHandle {
   seq = 0;
   error?: RankflowError;
   /** @internal */ exited = false;
+  /** @internal terminate() was called: the rank is failed whatever its worker still reports */
+  terminated = false;
 
   constructor(readonly rank: number, private readonly group: Group) {}
 
@@ -292,6 +294,7 @@ export class Group extends EventEmitter<GroupEvents> {
 
   private onTransition(t: TransitionEvent): void {
     const handle = this.ranks[t.rank - this.rankOffset]!;
+    if (handle.terminated) return;
     handle.state = t.to;
     if (t.seq !== undefined) handle.seq = t.seq;
     this.emit('transition', t);
@@ -510,8 +513,12 @@ export class Group extends EventEmitter<GroupEvents> {
     // The peers are told first, as a lost process is reported: the killed rank's teardown must not
     // wait on peers that still wait for it (on cuda: a barrier kernel, NCCL's teardown).
     const h = this.ranks[local]!;
-    if (!h.exited && !this.destroying && h.state !== 'destroyed')
+    if (!h.exited && !this.destroying && h.state !== 'destroyed') {
       this.markFailed(local, new RankflowError('RANK_FAILED', `rank ${rank} was terminated`, { rank, state: h.state }));
+      // Dead from now on: what its worker still had in flight is no longer its state.
+      h.terminated = true;
+      h.state = 'failed';
+    }
     await m.worker.terminate();
     await m.gone.catch(() => {});
   }
