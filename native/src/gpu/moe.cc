@@ -31,20 +31,6 @@ namespace {
 
 using cuda::driver;
 
-Error to_error(const cuda::CudaError& e, int rank) {
-  if (e.code == "EINVAL" || e.code == "BACKEND_UNAVAILABLE") return Error(e.code, e.what());
-  return Error("RANK_FAILED", "rank " + std::to_string(rank) + ": " + e.what(), rank);
-}
-
-template <typename F>
-auto translating(int rank, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const cuda::CudaError& e) {
-    throw to_error(e, rank);
-  }
-}
-
 std::string hex(uint64_t v) {
   char s[32];
   snprintf(s, sizeof s, "0x%016llx", static_cast<unsigned long long>(v));

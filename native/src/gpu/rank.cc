@@ -60,25 +60,6 @@ int trapped_elsewhere(int rank, std::string* note) {
   return g_trap_rank;
 }
 
-// A cuda::CudaError as the core's Error: preconditions keep their code (EINVAL refuses an op and
-// leaves the rank usable; BACKEND_UNAVAILABLE), a failed driver or NCCL call fails the rank (or
-// names the rank whose trap poisoned the process).
-Error to_error(const cuda::CudaError& e, int rank) {
-  if (e.code == "EINVAL" || e.code == "BACKEND_UNAVAILABLE") return Error(e.code, e.what());
-  std::string note;
-  const int culprit = trapped_elsewhere(rank, &note);
-  return Error("RANK_FAILED", "rank " + std::to_string(rank) + ": " + e.what() + note, culprit >= 0 ? culprit : rank);
-}
-
-template <typename F>
-auto translating(int rank, F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const cuda::CudaError& e) {
-    throw to_error(e, rank);
-  }
-}
-
 const char* counter_of(uint64_t phase) {
   switch (phase) {
     case kPhaseBarrier: return "barrier";
@@ -683,6 +664,13 @@ class CudaRank final : public DeviceBackend, public RankGpu {
 };
 
 }  // namespace
+
+Error to_error(const cuda::CudaError& e, int rank) {
+  if (e.code == "EINVAL" || e.code == "BACKEND_UNAVAILABLE") return Error(e.code, e.what());
+  std::string note;
+  const int culprit = trapped_elsewhere(rank, &note);
+  return Error("RANK_FAILED", "rank " + std::to_string(rank) + ": " + e.what() + note, culprit >= 0 ? culprit : rank);
+}
 
 std::unique_ptr<DeviceBackend> make_cuda_rank(Context& c) { return std::make_unique<CudaRank>(c); }
 

@@ -9,9 +9,25 @@
 #include <string>
 
 #include "../context.hpp"
+#include "../cuda/error.hpp"
 #include "../moe_device.hpp"
 
 namespace rankflow::gpu {
+
+// A cuda::CudaError as the core's Error: preconditions keep their code (EINVAL refuses an op and
+// leaves the rank usable; BACKEND_UNAVAILABLE), a failed driver or NCCL call fails the rank (or
+// names the rank whose trap poisoned the process). Defined in rank.cc.
+Error to_error(const cuda::CudaError& e, int rank);
+
+// Runs f, turning CUDA errors into the core's errors for `rank`.
+template <typename F>
+auto translating(int rank, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const cuda::CudaError& e) {
+    throw to_error(e, rank);
+  }
+}
 
 class RankGpu {
  public:
