@@ -14,16 +14,15 @@
 // hosts global rank k on GPU k (createGroup({ ranks: 1, devices: [k], world: { size: 2, rankOffset: k,
 // rendezvous } })) and runs the same rank program; the launcher collects both ranks' times over IPC,
 // prints the same table and writes bench/results/gpu-agrs-world-<date>.json (layout recorded).
-import { execFileSync, fork, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { createGroup, type Group } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/config.js';
 import type { AgrsCase, AgrsLoopArgs, AgrsLoopResult } from './programs/agrs-loop.js';
+import { runOnGpus } from './layout.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -67,17 +66,6 @@ cases.push({ op: 'engram', engine: 'auto', bytes: FETCH_ROWS, iters: 200 });
 const ARGS: AgrsLoopArgs = { cases, engram: { entriesPerRank: ENGRAM.entriesPerRank, hidden: ENGRAM.hidden } };
 const PROGRAM = new URL('./programs/agrs-loop.js', import.meta.url);
 
-/** Every local rank's GPU name and times per case, then the group is destroyed. */
-async function measure(group: Group): Promise<{ gpus: string[]; perRank: AgrsLoopResult[] }> {
-  try {
-    const gpus: string[] = [];
-    for (let r = 0; r < group.size; r++) gpus.push((await group.info(r)).device?.name ?? 'unknown');
-    return { gpus, perRank: await group.run<AgrsLoopResult>(PROGRAM, ARGS) };
-  } finally {
-    await group.destroy();
-  }
-}
-
 /** Prints the table and writes the JSON; `perRank` holds both ranks' times, in rank order. */
 function report(perRank: AgrsLoopResult[], gpus: string[], layout: { name: string; processes: number; ranksPerProcess: number }): void {
   // The slower rank's time per call is the collective's.
@@ -115,49 +103,12 @@ function report(perRank: AgrsLoopResult[], gpus: string[], layout: { name: strin
   console.log(`\nwrote ${file}`);
 }
 
-/** One process hosts both ranks. */
-async function single(): Promise<void> {
-  const { gpus, perRank } = await measure(await createGroup({ backend: 'cuda', ranks: W, buffer: BUFFER }));
-  report(perRank, gpus, { name: `1 process x ${W} GPUs`, processes: 1, ranksPerProcess: W });
-}
-
-/** Child k of --world: global rank k on GPU k; sends its GPU name and times to the launcher. */
-async function child(k: number, rendezvous: string): Promise<void> {
-  const group = await createGroup({
-    backend: 'cuda', ranks: 1, devices: [k], buffer: BUFFER, world: { size: W, rankOffset: k, rendezvous },
-  });
-  const { gpus, perRank } = await measure(group);
-  await new Promise<void>((resolve) => process.send!({ kind: 'result', rank: k, gpu: gpus[0], result: perRank[0] }, () => resolve()));
-  process.disconnect();
-}
-
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as net.AddressInfo;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
-}
-
-/** --world: forks one child per GPU, waits for both results, reports them as one group's. */
-async function world(): Promise<void> {
-  const rendezvous = `tcp://127.0.0.1:${await freePort()}`;
-  const self = fileURLToPath(import.meta.url);
-  const procs: ChildProcess[] = [];
-  const results = await Promise.all(Array.from({ length: W }, (_, k) => new Promise<{ gpu: string; result: AgrsLoopResult }>((resolve, reject) => {
-    const proc = fork(self, ['--child', String(k), '--rendezvous', rendezvous, '--commit', commit()], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-    procs.push(proc);
-    let got: { gpu: string; result: AgrsLoopResult } | undefined;
-    proc.on('message', (m: { kind: string; gpu: string; result: AgrsLoopResult }) => { if (m.kind === 'result') got = m; });
-    proc.on('exit', (code, signal) => (got && code === 0 ? resolve(got) : reject(new Error(`bench child ${k} exited (${signal ?? code}) without a result`))));
-  }))).catch((e: unknown) => {
-    // A child that failed leaves its peer waiting in a collective: end it too.
-    for (const p of procs) if (p.exitCode === null && p.signalCode === null) p.kill('SIGKILL');
-    throw e;
-  });
-  report(results.map((r) => r.result), results.map((r) => r.gpu), { name: `${W} processes x 1 GPU (world)`, processes: W, ranksPerProcess: 1 });
-}
-
-if (flags.child !== undefined) await child(Number(flags.child), flags.rendezvous!);
-else if (flags.world) await world();
-else await single();
+// One process hosting both ranks, or (--world) one process per GPU; children send their part and end.
+const run = await runOnGpus<AgrsLoopResult>({
+  self: fileURLToPath(import.meta.url),
+  argv: ['--commit', commit()],
+  world: flags.world!,
+  ...(flags.child !== undefined ? { child: { rank: Number(flags.child), rendezvous: flags.rendezvous! } } : {}),
+  ranks: W, buffer: BUFFER, program: PROGRAM, args: ARGS,
+});
+if (run) report(run.results, run.gpus, run.layout);

@@ -5,15 +5,18 @@
 // top-8 of 256 (headline, with an SM sweep), fp8 dispatch, 128 and 512 tokens. Figures: µs, DeepEP's
 // metric (bytes a rank receives incl. local rows / time), remote GB/s, xNCCL (NCCL time / this time),
 // xCE (remote GB/s / copy-engine GB/s). Prints a table; writes bench/results/gpu-<date>.json.
+// --world: the same in the one-process-per-GPU layout (bench/layout.ts), written as gpu-world-<date>.json.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
+import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { createGroup, probeCuda, sizeHint } from '../actors/index.js';
+import { probeCuda, sizeHint } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/config.js';
 import type { GpuFigure, GpuMoeArgs, GpuMoeResult } from './programs/gpu-moe.js';
 import { measureOverhead } from './overhead.js';
+import { runOnGpus } from './layout.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -22,6 +25,9 @@ const { values: flags } = parseArgs({
     warmup: { type: 'string', default: '5' },
     sms: { type: 'string', default: '8,16,24,32,48,64,96,132' },
     out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
+    world: { type: 'boolean', default: false },
+    child: { type: 'string' },
+    rendezvous: { type: 'string' },
   },
 });
 
@@ -48,13 +54,17 @@ async function main(): Promise<void> {
       { name: '128 bf16', tokens: 128, fp8: false, sweep: false },
     ],
   };
-  const group = await createGroup({ backend: 'cuda', ranks: 2, buffer: { ...ep, bytes: sizeHint(ep, 2) } });
-  let results: GpuMoeResult[];
-  try {
-    results = await group.run<GpuMoeResult>(new URL('./programs/gpu-moe.js', import.meta.url), args);
-  } finally {
-    await group.destroy();
-  }
+  // One process hosting both ranks, or (--world) one process per GPU; children send their part and end.
+  const run = await runOnGpus<GpuMoeResult>({
+    self: fileURLToPath(import.meta.url),
+    argv: ['--iters', flags.iters!, '--warmup', flags.warmup!, '--sms', flags.sms!],
+    world: flags.world!,
+    ...(flags.child !== undefined ? { child: { rank: Number(flags.child), rendezvous: flags.rendezvous! } } : {}),
+    ranks: 2, buffer: { ...ep, bytes: sizeHint(ep, 2) }, program: new URL('./programs/gpu-moe.js', import.meta.url), args,
+  });
+  if (!run) return;
+  const { results, layout } = run;
+  console.log(`layout: ${layout.name}`);
   const key = (f: GpuFigure) => `${f.case}|${f.op}|${f.sms}`;
   const per = new Map<string, GpuFigure[]>();
   for (const r of results) for (const f of r.figures) per.set(key(f), [...(per.get(key(f)) ?? []), f]);
@@ -82,19 +92,20 @@ async function main(): Promise<void> {
   for (const r of rows)
     console.log(`${pad(r.size, 10)} ${pad(r.op, 52)} ${pad(r.sms || 'all', 4)} ${pad(r.us.toFixed(1), 9)} ${pad(r.device_us.toFixed(1), 8)} ${pad(`${r.gbps_deepep_metric.toFixed(1)} / ${r.gbps_deepep_metric_device.toFixed(1)}`, 21)} ${pad(r.gbps_remote_device.toFixed(1), 16)} ${pad(`${r.x_nccl.toFixed(2)} / ${r.x_nccl_device.toFixed(2)}`, 15)} ${r.x_ce_device.toFixed(2)}`);
   // Per-op overhead of a nearly free op (a barrier: ~5 µs kernel) in a rank program: wall µs per call.
-  const overhead = await measureOverhead('cuda', 2, Number(flags['overhead-iters']), 200);
-  console.log('per-op wall µs of a rank program\'s barrier (2 ranks; the kernel alone takes ~5 µs)');
+  // (one process; skipped in the --world run, which measures the collectives in that layout only)
+  const overhead = flags.world ? [] : await measureOverhead('cuda', 2, Number(flags['overhead-iters']), 200);
+  if (overhead.length) console.log('per-op wall µs of a rank program\'s barrier (2 ranks; the kernel alone takes ~5 µs)');
   for (const f of overhead) console.log(`${pad(f.op, 22)} p50 ${f.p50.toFixed(1).padStart(8)}  p99 ${f.p99.toFixed(1).padStart(8)}  mean ${f.mean.toFixed(1).padStart(8)}`);
   const date = new Date().toISOString().slice(0, 10);
   const out = {
-    date, commit: commit(), gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, nccl: probe.nccl?.version,
+    date, commit: commit(), layout, gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, nccl: probe.nccl?.version,
     mode: 'rank program, device-resident tensors; us: CUDA events around iters awaited calls after warmup (incl. per-call JS/executor overhead); device_us: median of events recorded natively around each op launches', config: { ...ep, iters: args.iters, warmup: args.warmup },
     metric: 'gbps_deepep_metric = bytes a rank receives per dispatch incl. local rows / time; gbps_remote = bytes over NVLink per direction / time; x_nccl = NCCL time / this time; x_ce = remote GB/s / copy engine GB/s',
     figures: rows,
     overhead_us: overhead,
   };
   mkdirSync(flags.out!, { recursive: true });
-  const file = path.join(flags.out!, `gpu-${date}.json`);
+  const file = path.join(flags.out!, `gpu-${layout.processes > 1 ? 'world-' : ''}${date}.json`);
   writeFileSync(file, JSON.stringify(out, null, 1) + '\n');
   console.log(`wrote ${file}`);
 }
