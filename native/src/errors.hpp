@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -23,6 +24,13 @@ struct Error : std::runtime_error {
   do {                                                                   \
     if (!(cond)) throw ::rankflow::Error((code), std::string(msg));      \
   } while (0)
+
+// Seconds as people write them in messages: "1", "2.5", "300" (not "1.000000").
+inline std::string seconds_text(double s) {
+  char b[32];
+  snprintf(b, sizeof b, "%g", s);
+  return b;
+}
 
 inline Error sys_error(const std::string& call) {
   return Error("EINVAL", call + " failed: " + std::strerror(errno));

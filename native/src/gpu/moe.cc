@@ -505,7 +505,7 @@ class CudaMoe final : public MoeDevice {
         g_.mark_dead("a dispatch's CPU-sync wait timed out while its notify kernel still waits");
         throw Error("TIMEOUT_CPU",
                     "CPU-sync wait of rank " + std::to_string(c_.rank()) + " in " + phase_name(kPhaseNotify) +
-                        " timed out after " + std::to_string(c_.cfg.cpu_timeout_s) + " s on counter " + counter +
+                        " timed out after " + seconds_text(c_.cfg.cpu_timeout_s) + " s on counter " + counter +
                         "[from rank " + std::to_string(peer) + "] (last value " + hex(last) + ")",
                     peer, phase_name(kPhaseNotify));
       }

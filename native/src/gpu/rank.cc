@@ -582,7 +582,7 @@ class CudaRank final : public DeviceBackend, public RankGpu {
                               " trapped (TIMEOUT_GPU in " + phase_name(phase) + ")");
       throw Error("TIMEOUT_GPU",
                   "device-phase wait of rank " + std::to_string(rank()) + " in " + phase_name(phase) +
-                      " timed out after " + std::to_string(c_.cfg.gpu_timeout_s) + " s on counter " +
+                      " timed out after " + seconds_text(c_.cfg.gpu_timeout_s) + " s on counter " +
                       counter_of(phase) + "[from rank " + std::to_string(peer) + "] (last value " + hex(diag->value) +
                       "); the kernel trapped (" + name + ") and GPU " + std::to_string(ordinal_) +
                       "'s context of rank " + std::to_string(rank()) + " is dead: destroy the group",
@@ -633,7 +633,7 @@ class CudaRank final : public DeviceBackend, public RankGpu {
         if (waited > c_.cfg.cpu_timeout_s)
           throw Error("TIMEOUT_CPU",
                       "CPU-sync wait of rank " + std::to_string(rank()) + " in barrier (CPU sync) timed out after " +
-                          std::to_string(c_.cfg.cpu_timeout_s) + " s on counter cpu_barrier[from rank " +
+                          seconds_text(c_.cfg.cpu_timeout_s) + " s on counter cpu_barrier[from rank " +
                           std::to_string(p) + "] (last value " + hex(v) + ")",
                       p, phase_name(kPhaseCpuBarrier));
         if (spin > 64) std::this_thread::sleep_for(std::chrono::microseconds(waited > 0.01 ? 100 : 5));

@@ -69,9 +69,9 @@ uint64_t wait_slot(const void* slot, Pred pred, const WaitSite& site, WaitKind k
     if (waited > timeout_s) {
       std::string counter = std::string(site.counter) + "[from rank " + std::to_string(site.peer) + "]";
       if (site.index >= 0) counter += "[" + std::to_string(site.index) + "]";
-      char last[32], seconds[32];
+      char last[32];
       snprintf(last, sizeof last, "0x%016llx", static_cast<unsigned long long>(v));
-      snprintf(seconds, sizeof seconds, "%g", timeout_s);
+      const std::string seconds = seconds_text(timeout_s);
       const bool cpu = kind == WaitKind::Cpu;
       throw Error(cpu ? "TIMEOUT_CPU" : "TIMEOUT_GPU",
                   std::string(cpu ? "CPU-sync wait" : "device-phase wait") + " of rank " + std::to_string(my_rank) +
