@@ -32,8 +32,12 @@ export function engramSizeHint(t: { entriesPerRank: number; hidden: number; dtyp
 }
 
 /** Bytes of buffer a pipeline exchange of `maxBytes` per rank needs (plus the workspace). */
-export function ppSizeHint(t: { maxBytes: number }, worldSize: number): number {
+/** `numExperts`: the group's buffer.numExperts (its per-expert counters live in the workspace); default one per rank. */
+export function ppSizeHint(t: { maxBytes: number; numExperts?: number }, worldSize: number): number {
   if (!Number.isInteger(t?.maxBytes) || t.maxBytes <= 0) throw invalid('maxBytes', 'must be a positive integer');
-  const ws = loadAddon().layout({ maxTokensPerRank: 1, hidden: 8, topk: 1, numExperts: worldSize }, worldSize).workspace.bytes;
+  const numExperts = t.numExperts ?? worldSize;
+  if (!Number.isInteger(numExperts) || numExperts <= 0 || numExperts % worldSize !== 0)
+    throw invalid('numExperts', `must be a positive multiple of the world size (got ${String(t.numExperts)})`);
+  const ws = loadAddon().layout({ maxTokensPerRank: 1, hidden: 8, topk: 1, numExperts }, worldSize).workspace.bytes;
   return ws + alignUp(t.maxBytes);
 }

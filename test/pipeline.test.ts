@@ -45,6 +45,17 @@ describe('ppExchange', () => {
         });
     });
 
+    test('ppSizeHint counts the per-expert counters of the workspace when told numExperts', async () => {
+        const maxBytes = 1 << 20, numExperts = 65536;  // 4 MiB of counters: the workspace outgrows 2 MiB
+        const bytes = ppSizeHint({ maxBytes, numExperts }, 2);
+        expect(bytes).toBeGreaterThan(ppSizeHint({ maxBytes }, 2));
+        await withGroup({ ranks: 2, buffer: { ...buffer(2), numExperts, bytes } }, async (g) => {
+            const t = [0, 1].map(() => tensor('int32', [maxBytes / 4]));
+            await expect(g.ppExchange(t)).resolves.toHaveLength(2);
+        });
+        expect(() => ppSizeHint({ maxBytes, numExperts: 3 }, 2)).toThrow(/^numExperts/);
+    });
+
     test('ppSizeHint: a group made with it exchanges maxBytes per rank; one byte more is EINVAL', async () => {
         const maxBytes = 3 * (1 << 20);
         const bytes = ppSizeHint({ maxBytes }, 2);
