@@ -13,10 +13,11 @@ export interface MachineDescription {
 }
 
 /**
- * Walks an xstate v5 machine's state nodes. Events keep xstate's names (`xstate.done.actor.x`
- * for an invoked actor finishing, `xstate.after.DELAY...` for a delay, '' for `always`), so they
- * match the `event` field of the group's transitions. Targetless transitions (self-handling
- * events) are left out: they do not move the rank.
+ * Walks an xstate v5 machine's state nodes. Events keep the machine's names (`PHASE_DONE` /
+ * `PHASE_FAILED` for the rank machine's phases, `xstate.done.actor.x` for an invoked actor finishing,
+ * `xstate.after.DELAY...` for a delay, '' for `always`), so they match the `event` field of the
+ * group's transitions. Targetless transitions (self-handling events) are left out: they do not move
+ * the rank.
  */
 export function describeMachine(machine: AnyStateMachine): MachineDescription {
     const states: string[] = [];

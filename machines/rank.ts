@@ -1,13 +1,18 @@
 // The rank machine: the lifecycle and the collective operations of one rank, as xstate v5 data.
-// Effects are named actors (the native phases) and actions (replies to the caller) that the rank's
-// worker provides; here they are declared with inert defaults so that the machine is testable alone.
+// Effects are named actions that the rank's worker provides (starting a native phase, replying to the
+// caller); here they are declared with inert defaults so that the machine is testable alone.
+//
+// A phase is event-driven: entering a phase state runs `startPhase` with the phase's name; the worker
+// starts the native phase for the call being served and, when it settles, sends PHASE_DONE or
+// PHASE_FAILED naming that call and phase. A state takes only the events of its own call and phase,
+// so a late answer from a phase the rank gave up on (backstop, PEER_FAILED) moves nothing.
 //
 //   init -> registerWindow -> ready -> (barrier | allGathering | dispatching | combining | session |
 //   engram | pipeline) -> ready -> destroying -> destroyed, and failed from any live state.
 //
 // Every state that waits on peers has an `after` transition into `failed`: the native waits time out
 // first with a precise error; the machine's timer is the backstop should a phase never return.
-import { assign, enqueueActions, fromPromise, setup } from 'xstate';
+import { and, assign, enqueueActions, setup } from 'xstate';
 
 export interface FailureInfo {
   code: string;
@@ -40,6 +45,14 @@ export interface RankInput {
   gpuSeconds?: number;
 }
 
+/** The native phases, by the name `startPhase` is given and PHASE_DONE / PHASE_FAILED carry. */
+export const PHASE_NAMES = [
+  'registerWindow', 'barrierDevice', 'barrierCpuSync', 'allGather', 'dispatchNotify', 'dispatchCpuSync', 'dispatchData',
+  'combine', 'sessionOpen', 'sessionAllGather', 'sessionReduceScatter', 'sessionClose', 'engramWrite', 'engramFetch',
+  'ppExchange', 'destroy',
+] as const;
+export type PhaseName = (typeof PHASE_NAMES)[number];
+
 type Call = { call: number };
 export type RankEvent =
   | ({ type: 'REGISTER' } & Call)
@@ -55,9 +68,13 @@ export type RankEvent =
   | ({ type: 'ENGRAM_FETCH' } & Call)
   | ({ type: 'PP_EXCHANGE' } & Call)
   | { type: 'PEER_FAILED'; error: FailureInfo }
-  | ({ type: 'DESTROY' } & Call);
+  | ({ type: 'DESTROY' } & Call)
+  /** The phase `phase` started for request `call` finished with `output`. */
+  | ({ type: 'PHASE_DONE'; phase: PhaseName; output?: unknown } & Call)
+  /** The phase `phase` started for request `call` threw or rejected with `error`. */
+  | ({ type: 'PHASE_FAILED'; phase: PhaseName; error: unknown } & Call);
 
-/** Input of every native phase actor: the request it serves. */
+/** What a started phase serves: the request's id and op (the context's `call` and `op`). */
 export interface PhaseInput {
   call: number;
   op: OpName;
@@ -65,8 +82,6 @@ export interface PhaseInput {
 
 /** Seconds the machine's own timer adds to a native timeout before it declares the rank failed. */
 export const BACKSTOP_MARGIN_SECONDS = 5;
-
-const phase = fromPromise<unknown, PhaseInput>(async () => undefined);
 
 const OPS: Record<string, OpName> = {
   BARRIER: 'barrier', ALL_GATHER: 'allGather', DISPATCH: 'dispatch', COMBINE: 'combine',
@@ -96,10 +111,16 @@ const errorInfo = (error: unknown, state: string): FailureInfo => {
 
 // Pieces every phase state shares (the machine stays plain data; these only name the repetition).
 /** A phase serves the request the state took; `begin`/`takeCall` put its id and op in the context. */
-const phaseInput = ({ context }: { context: RankContext }): PhaseInput => ({ call: context.call!, op: context.op! });
-const failOnError = { target: '#rank.failed', actions: 'fail' } as const;
+const start = (phase: PhaseName) => ({ type: 'startPhase', params: { phase } }) as const;
+/** The event is the answer of `phase` for the call being served, not a late one from an abandoned phase. */
+const isPhase = (phase: PhaseName) => ({ type: 'isPhase', params: { phase } }) as const;
+const failOnError = (phase: PhaseName) => ({ target: '#rank.failed', guard: isPhase(phase), actions: 'fail' }) as const;
 /** EINVAL from a phase returns to `target` with the error answered; anything else fails the rank. */
-const refuseOrFail = <T extends string>(target: T) => [{ target, guard: 'refusedInput', actions: 'refuse' } as const, failOnError] as const;
+const refuseOrFail = <T extends string>(phase: PhaseName, target: T) =>
+  [{ target, guard: and([isPhase(phase), 'refusedInput']), actions: 'refuse' } as const, failOnError(phase)] as const;
+/** The phase's output goes to `target`; `finish` answers the caller with it when it was the last phase. */
+const doneTo = <T extends string>(phase: PhaseName, target: T) => ({ target, guard: isPhase(phase) }) as const;
+const finishTo = <T extends string>(phase: PhaseName, target: T) => ({ target, guard: isPhase(phase), actions: 'finish' }) as const;
 const deviceBackstop = { deviceTimeout: { target: '#rank.failed', actions: 'timeOutDevice' } } as const;
 const cpuBackstop = { cpuTimeout: { target: '#rank.failed', actions: 'timeOutCpu' } } as const;
 
@@ -109,25 +130,12 @@ export const rankMachine = setup({
     events: {} as RankEvent,
     input: {} as RankInput,
   },
-  actors: {
-    registerWindow: phase,
-    barrierDevice: phase,
-    barrierCpuSync: phase,
-    allGather: phase,
-    dispatchNotify: phase,
-    dispatchCpuSync: phase,
-    dispatchData: phase,
-    combine: phase,
-    sessionOpen: phase,
-    sessionAllGather: phase,
-    sessionReduceScatter: phase,
-    sessionClose: phase,
-    engramWrite: phase,
-    engramFetch: phase,
-    ppExchange: phase,
-    destroy: phase,
-  },
   actions: {
+    /**
+     * Entering a phase state: start native phase `phase` for the request `context.call`, then send
+     * PHASE_DONE or PHASE_FAILED with that call and phase when it settles. Provided by the worker.
+     */
+    startPhase: (_, _params: { phase: PhaseName }) => {},
     /** The request `call` completed with `output` (the last phase's output). Provided by the worker. */
     reply: (_, _params: { call: number; output: unknown }) => {},
     /** The request `call` failed. Provided by the worker. */
@@ -164,6 +172,9 @@ export const rankMachine = setup({
   },
   guards: {
     withCpuSync: ({ context }) => context.withCpuSync,
+    /** PHASE_DONE / PHASE_FAILED of `phase` for the request being served (not a late one). */
+    isPhase: ({ context, event }, params: { phase: PhaseName }) =>
+      (event.type === 'PHASE_DONE' || event.type === 'PHASE_FAILED') && event.call === context.call && event.phase === params.phase,
     /** EINVAL from a phase means the request was refused before it moved anything: stay usable. */
     refusedInput: ({ event }) => ((event as { error?: { code?: string } }).error)?.code === 'EINVAL',
   },
@@ -194,11 +205,10 @@ export const rankMachine = setup({
       },
     },
     registerWindow: {
-      invoke: {
-        src: 'registerWindow',
-        input: phaseInput,
-        onDone: { target: 'ready', actions: 'finish' },
-        onError: failOnError,
+      entry: start('registerWindow'),
+      on: {
+        PHASE_DONE: finishTo('registerWindow', 'ready'),
+        PHASE_FAILED: failOnError('registerWindow'),
       },
       after: deviceBackstop,
     },
@@ -220,31 +230,31 @@ export const rankMachine = setup({
       initial: 'device',
       states: {
         device: {
-          invoke: {
-            src: 'barrierDevice',
-            input: phaseInput,
-            onDone: [{ target: 'cpuSync', guard: 'withCpuSync' }, { target: '#rank.ready', actions: 'finish' }],
-            onError: failOnError,
+          entry: start('barrierDevice'),
+          on: {
+            PHASE_DONE: [
+              { target: 'cpuSync', guard: and([isPhase('barrierDevice'), 'withCpuSync']) },
+              finishTo('barrierDevice', '#rank.ready'),
+            ],
+            PHASE_FAILED: failOnError('barrierDevice'),
           },
           after: deviceBackstop,
         },
         cpuSync: {
-          invoke: {
-            src: 'barrierCpuSync',
-            input: phaseInput,
-            onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: failOnError,
+          entry: start('barrierCpuSync'),
+          on: {
+            PHASE_DONE: finishTo('barrierCpuSync', '#rank.ready'),
+            PHASE_FAILED: failOnError('barrierCpuSync'),
           },
           after: cpuBackstop,
         },
       },
     },
     allGathering: {
-      invoke: {
-        src: 'allGather',
-        input: phaseInput,
-        onDone: { target: 'ready', actions: 'finish' },
-        onError: refuseOrFail('ready'),
+      entry: start('allGather'),
+      on: {
+        PHASE_DONE: finishTo('allGather', 'ready'),
+        PHASE_FAILED: refuseOrFail('allGather', 'ready'),
       },
       after: deviceBackstop,
     },
@@ -252,41 +262,37 @@ export const rankMachine = setup({
       initial: 'notify',
       states: {
         notify: {
-          invoke: {
-            src: 'dispatchNotify',
-            input: phaseInput,
-            onDone: 'cpuSync',
-            onError: refuseOrFail('#rank.ready'),
+          entry: start('dispatchNotify'),
+          on: {
+            PHASE_DONE: doneTo('dispatchNotify', 'cpuSync'),
+            PHASE_FAILED: refuseOrFail('dispatchNotify', '#rank.ready'),
           },
           after: deviceBackstop,
         },
         // The CPU polls the counters the notify phase wrote (seed 7.3); TIMEOUT_CPU names rank and counter.
         cpuSync: {
-          invoke: {
-            src: 'dispatchCpuSync',
-            input: phaseInput,
-            onDone: 'data',
-            onError: failOnError,
+          entry: start('dispatchCpuSync'),
+          on: {
+            PHASE_DONE: doneTo('dispatchCpuSync', 'data'),
+            PHASE_FAILED: failOnError('dispatchCpuSync'),
           },
           after: cpuBackstop,
         },
         data: {
-          invoke: {
-            src: 'dispatchData',
-            input: phaseInput,
-            onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: failOnError,
+          entry: start('dispatchData'),
+          on: {
+            PHASE_DONE: finishTo('dispatchData', '#rank.ready'),
+            PHASE_FAILED: failOnError('dispatchData'),
           },
           after: deviceBackstop,
         },
       },
     },
     combining: {
-      invoke: {
-        src: 'combine',
-        input: phaseInput,
-        onDone: { target: 'ready', actions: 'finish' },
-        onError: refuseOrFail('ready'),
+      entry: start('combine'),
+      on: {
+        PHASE_DONE: finishTo('combine', 'ready'),
+        PHASE_FAILED: refuseOrFail('combine', 'ready'),
       },
       after: deviceBackstop,
     },
@@ -295,11 +301,10 @@ export const rankMachine = setup({
       initial: 'opening',
       states: {
         opening: {
-          invoke: {
-            src: 'sessionOpen',
-            input: phaseInput,
-            onDone: { target: 'open', actions: 'finish' },
-            onError: refuseOrFail('#rank.ready'),
+          entry: start('sessionOpen'),
+          on: {
+            PHASE_DONE: finishTo('sessionOpen', 'open'),
+            PHASE_FAILED: refuseOrFail('sessionOpen', '#rank.ready'),
           },
           after: deviceBackstop,
         },
@@ -313,29 +318,26 @@ export const rankMachine = setup({
           },
         },
         gathering: {
-          invoke: {
-            src: 'sessionAllGather',
-            input: phaseInput,
-            onDone: { target: 'open', actions: 'finish' },
-            onError: refuseOrFail('open'),
+          entry: start('sessionAllGather'),
+          on: {
+            PHASE_DONE: finishTo('sessionAllGather', 'open'),
+            PHASE_FAILED: refuseOrFail('sessionAllGather', 'open'),
           },
           after: deviceBackstop,
         },
         reducing: {
-          invoke: {
-            src: 'sessionReduceScatter',
-            input: phaseInput,
-            onDone: { target: 'open', actions: 'finish' },
-            onError: refuseOrFail('open'),
+          entry: start('sessionReduceScatter'),
+          on: {
+            PHASE_DONE: finishTo('sessionReduceScatter', 'open'),
+            PHASE_FAILED: refuseOrFail('sessionReduceScatter', 'open'),
           },
           after: deviceBackstop,
         },
         closing: {
-          invoke: {
-            src: 'sessionClose',
-            input: phaseInput,
-            onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: failOnError,
+          entry: start('sessionClose'),
+          on: {
+            PHASE_DONE: finishTo('sessionClose', '#rank.ready'),
+            PHASE_FAILED: failOnError('sessionClose'),
           },
           after: deviceBackstop,
         },
@@ -345,31 +347,28 @@ export const rankMachine = setup({
       initial: 'writing',
       states: {
         writing: {
-          invoke: {
-            src: 'engramWrite',
-            input: phaseInput,
-            onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: refuseOrFail('#rank.ready'),
+          entry: start('engramWrite'),
+          on: {
+            PHASE_DONE: finishTo('engramWrite', '#rank.ready'),
+            PHASE_FAILED: refuseOrFail('engramWrite', '#rank.ready'),
           },
           after: deviceBackstop,
         },
         fetching: {
-          invoke: {
-            src: 'engramFetch',
-            input: phaseInput,
-            onDone: { target: '#rank.ready', actions: 'finish' },
-            onError: refuseOrFail('#rank.ready'),
+          entry: start('engramFetch'),
+          on: {
+            PHASE_DONE: finishTo('engramFetch', '#rank.ready'),
+            PHASE_FAILED: refuseOrFail('engramFetch', '#rank.ready'),
           },
           after: deviceBackstop,
         },
       },
     },
     pipeline: {
-      invoke: {
-        src: 'ppExchange',
-        input: phaseInput,
-        onDone: { target: 'ready', actions: 'finish' },
-        onError: refuseOrFail('ready'),
+      entry: start('ppExchange'),
+      on: {
+        PHASE_DONE: finishTo('ppExchange', 'ready'),
+        PHASE_FAILED: refuseOrFail('ppExchange', 'ready'),
       },
       after: deviceBackstop,
     },
@@ -382,13 +381,20 @@ export const rankMachine = setup({
       },
     },
     destroying: {
-      invoke: {
-        src: 'destroy',
-        input: phaseInput,
-        onDone: { target: 'destroyed', actions: [{ type: 'reply', params: ({ context, event }) => ({ call: context.call!, output: event.output }) }] },
-        onError: { target: 'destroyed', actions: [{ type: 'replyError', params: ({ context, event }) => ({ call: context.call!, error: errorInfo(event.error, 'destroying') }) }] },
+      entry: start('destroy'),
+      on: {
+        PHASE_DONE: {
+          target: 'destroyed',
+          guard: isPhase('destroy'),
+          actions: [{ type: 'reply', params: ({ context, event }) => ({ call: context.call!, output: (event as { output?: unknown }).output }) }],
+        },
+        PHASE_FAILED: {
+          target: 'destroyed',
+          guard: isPhase('destroy'),
+          actions: [{ type: 'replyError', params: ({ context, event }) => ({ call: context.call!, error: errorInfo((event as { error?: unknown }).error, 'destroying') }) }],
+        },
+        PEER_FAILED: {},
       },
-      on: { PEER_FAILED: {} },
     },
     destroyed: { type: 'final', on: { PEER_FAILED: {} } },
   },

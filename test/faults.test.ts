@@ -125,7 +125,7 @@ describe('rank.terminate()', () => {
         await g.ranks[1]!.terminate();
         await until(() => g.ranks[0]!.state === 'failed');
         await g.destroy();
-        expect(path).toEqual(['failed (PEER_FAILED)', 'destroying (DESTROY)', 'destroyed (xstate.done.actor.0.rank.destroying)']);
+        expect(path).toEqual(['failed (PEER_FAILED)', 'destroying (DESTROY)', 'destroyed (PHASE_DONE)']);
         expectReleased(await settledResources(baseline), baseline);
     }, 30_000);
 });

@@ -1,63 +1,55 @@
 /**
- * The rank machine alone (machines/rank.ts): no worker, no addon. Phases are provided as promises
- * the test settles by hand, replies as spies, and the `after` backstops run on a simulated clock.
+ * The rank machine alone (machines/rank.ts): no worker, no addon. Entering a phase state runs the
+ * `startPhase` action, here a spy; the test plays the worker and answers with PHASE_DONE / PHASE_FAILED
+ * for that call and phase. Replies are spies, and the `after` backstops run on a simulated clock.
  */
 import { describe, expect, test, vi } from 'vitest';
-import { createActor, fromPromise, SimulatedClock } from 'xstate';
+import { createActor, SimulatedClock } from 'xstate';
 
-import { BACKSTOP_MARGIN_SECONDS, rankMachine, statePath, type FailureInfo, type PhaseInput, type RankEvent } from '../machines/index.js';
-
-const PHASES = [
-    'registerWindow', 'barrierDevice', 'barrierCpuSync', 'allGather', 'dispatchNotify', 'dispatchCpuSync', 'dispatchData',
-    'combine', 'sessionOpen', 'sessionAllGather', 'sessionReduceScatter', 'sessionClose', 'engramWrite', 'engramFetch',
-    'ppExchange', 'destroy',
-] as const;
-type PhaseName = (typeof PHASES)[number];
+import {
+    BACKSTOP_MARGIN_SECONDS, PHASE_NAMES, rankMachine, statePath, type FailureInfo, type PhaseInput, type PhaseName, type RankEvent,
+} from '../machines/index.js';
 
 const GPU_SECONDS = 3;
 const CPU_SECONDS = 7;
 const DEVICE_MS = (GPU_SECONDS + BACKSTOP_MARGIN_SECONDS) * 1000;
 const CPU_MS = (CPU_SECONDS + BACKSTOP_MARGIN_SECONDS) * 1000;
 
-/** Lets the promise of a settled phase reach the machine. */
-const settle = (): Promise<void> => new Promise((resolve) => setTimeout(resolve, 0));
-
 /**
  * A rank machine whose phases never settle on their own: `done(name, output)` and `fail(name, error)`
- * settle the running one; `started` lists the phases in the order they were invoked, with their input.
+ * send the answer of the running phase `name` (PHASE_DONE / PHASE_FAILED with the call it started for);
+ * `started` lists the phases in the order `startPhase` ran, with the call and op they serve.
  */
 function rank(input: { rank: number; cpuSeconds?: number; gpuSeconds?: number } = { rank: 2, cpuSeconds: CPU_SECONDS, gpuSeconds: GPU_SECONDS }) {
-    const running = new Map<PhaseName, { resolve: (v: unknown) => void; reject: (e: unknown) => void }>();
-    const started: Array<{ phase: PhaseName; input: PhaseInput }> = [];
-    const actors = Object.fromEntries(PHASES.map((name) => [name, fromPromise<unknown, PhaseInput>(({ input: phaseInput }) =>
-        new Promise((resolve, reject) => {
-            running.set(name, { resolve, reject });
-            started.push({ phase: name, input: phaseInput });
-        }))]));
+    const running = new Map<PhaseName, number>();
+    const startPhase = vi.fn<(p: { phase: PhaseName; input: PhaseInput }) => void>((p) => { running.set(p.phase, p.input.call); });
     const reply = vi.fn<(p: { call: number; output: unknown }) => void>();
     const replyError = vi.fn<(p: { call: number; error: FailureInfo }) => void>();
     const machine = rankMachine.provide({
-        actors: actors as never,
-        actions: { reply: (_, p) => reply(p), replyError: (_, p) => replyError(p) },
+        actions: {
+            startPhase: ({ context }, { phase }) => startPhase({ phase, input: { call: context.call!, op: context.op! } }),
+            reply: (_, p) => reply(p),
+            replyError: (_, p) => replyError(p),
+        },
     });
     const clock = new SimulatedClock();
     const actor = createActor(machine, { input, clock });
     actor.start();
-    const settleWith = async (name: PhaseName, how: 'resolve' | 'reject', value: unknown): Promise<void> => {
-        const p = running.get(name);
-        if (!p) throw new Error(`phase ${name} is not running`);
-        running.delete(name);
-        p[how](value);
-        await settle();
+    const answer = async (phase: PhaseName, answerWith: (call: number) => RankEvent): Promise<void> => {
+        const call = running.get(phase);
+        if (call === undefined) throw new Error(`phase ${phase} is not running`);
+        running.delete(phase);
+        actor.send(answerWith(call));
     };
     return {
-        actor, clock, reply, replyError, started,
+        actor, clock, reply, replyError, startPhase,
+        get started() { return startPhase.mock.calls.map(([p]) => p); },
         state: () => statePath(actor.getSnapshot().value),
         context: () => actor.getSnapshot().context,
         send: (e: RankEvent) => actor.send(e),
         can: (e: RankEvent) => actor.getSnapshot().can(e),
-        done: (name: PhaseName, output?: unknown) => settleWith(name, 'resolve', output),
-        fail: (name: PhaseName, error: unknown) => settleWith(name, 'reject', error),
+        done: (phase: PhaseName, output?: unknown) => answer(phase, (call) => ({ type: 'PHASE_DONE', call, phase, output })),
+        fail: (phase: PhaseName, error: unknown) => answer(phase, (call) => ({ type: 'PHASE_FAILED', call, phase, error })),
     };
 }
 type Rank = ReturnType<typeof rank>;
@@ -311,6 +303,24 @@ describe('operations', () => {
     });
 });
 
+describe('startPhase', () => {
+    test.each(OP_STATES)('entering $state runs startPhase once with $phase, for call $call and op $op', async (s) => {
+        const r = await s.enter();
+        expect(r.started.filter((p) => p.phase === s.phase)).toEqual([{ phase: s.phase, input: { call: s.call, op: s.op } }]);
+        expect(r.started.at(-1)).toEqual({ phase: s.phase, input: { call: s.call, op: s.op } });
+    });
+
+    test.each([
+        { state: 'init', enter: RESTING[0]!.enter, phases: [] },
+        { state: 'ready', enter: RESTING[1]!.enter, phases: ['registerWindow'] },
+        { state: 'session.open', enter: RESTING[2]!.enter, phases: ['registerWindow', 'sessionOpen'] },
+    ])('entering $state starts no phase: only the ones on the way there ran ($phases)', async (s) => {
+        const r = await s.enter();
+        expect(r.state()).toBe(s.state);
+        expect(r.started.map((p) => p.phase)).toEqual(s.phases);
+    });
+});
+
 describe('failures', () => {
     test.each(OP_STATES)('PEER_FAILED in $state: failed, answering the pending call with the peer\'s error', async (s) => {
         const r = await s.enter();
@@ -416,6 +426,92 @@ describe('guards: an event a state does not take leaves it where it is', () => {
             expect(r.state()).toBe(state);
             expect(r.context()).toEqual(before.context);
         }
+    });
+
+    test.each(OP_STATES)('$state takes only the answer of $phase for its own call: any other PHASE_DONE / PHASE_FAILED changes nothing', async (s) => {
+        const r = await s.enter();
+        r.reply.mockClear();
+        r.replyError.mockClear();
+        const strangers: RankEvent[] = [
+            { type: 'PHASE_DONE', call: s.call + 100, phase: s.phase, output: 'late' },
+            { type: 'PHASE_FAILED', call: s.call + 100, phase: s.phase, error: nativeError('EINVAL') },
+            { type: 'PHASE_FAILED', call: s.call + 100, phase: s.phase, error: nativeError('TIMEOUT_GPU') },
+            ...PHASE_NAMES.filter((p) => p !== s.phase).flatMap((phase): RankEvent[] => [
+                { type: 'PHASE_DONE', call: s.call, phase, output: 'other' },
+                { type: 'PHASE_FAILED', call: s.call, phase, error: nativeError('TIMEOUT_GPU') },
+            ]),
+        ];
+        for (const e of strangers) {
+            const before = r.actor.getSnapshot();
+            expect(r.can(e)).toBe(false);
+            r.send(e);
+            expect(r.state()).toBe(s.state);
+            expect(r.context()).toEqual(before.context);
+        }
+        expect(r.reply).not.toHaveBeenCalled();
+        expect(r.replyError).not.toHaveBeenCalled();
+        expect(r.can({ type: 'PHASE_DONE', call: s.call, phase: s.phase })).toBe(true);
+        await r.done(s.phase);
+        expect(r.state()).not.toBe(s.state);
+    });
+
+    test.each([...RESTING, { state: 'failed', enter: failedByPeer }])('$state takes no phase answer at all', async ({ enter, state }) => {
+        const r = await enter();
+        r.replyError.mockClear();
+        for (const phase of PHASE_NAMES) {
+            for (const e of [{ type: 'PHASE_DONE', call: 1, phase }, { type: 'PHASE_FAILED', call: 1, phase, error: nativeError('EINVAL') }] as RankEvent[]) {
+                const before = r.actor.getSnapshot();
+                expect(r.can(e)).toBe(false);
+                r.send(e);
+                expect(r.state()).toBe(state);
+                expect(r.context()).toEqual(before.context);
+            }
+        }
+        expect(r.reply).not.toHaveBeenCalled();
+        expect(r.replyError).not.toHaveBeenCalled();
+    });
+
+    test('destroying takes only the destroy phase\'s answer for the DESTROY call', async () => {
+        const r = await ready();
+        r.send({ type: 'DESTROY', call: 9 });
+        for (const e of [
+            { type: 'PHASE_DONE', call: 8, phase: 'destroy' }, { type: 'PHASE_FAILED', call: 8, phase: 'destroy', error: nativeError('EINVAL') },
+            { type: 'PHASE_DONE', call: 9, phase: 'barrierDevice' }, { type: 'PHASE_FAILED', call: 9, phase: 'registerWindow', error: nativeError('EINVAL') },
+        ] as RankEvent[]) {
+            r.send(e);
+            expect(r.state()).toBe('destroying');
+        }
+        expect(r.reply).not.toHaveBeenCalled();
+        expect(r.replyError).not.toHaveBeenCalled();
+        await r.done('destroy', 'gone');
+        expect(r.state()).toBe('destroyed');
+        expect(r.reply.mock.calls).toEqual([[{ call: 9, output: 'gone' }]]);
+    });
+
+    test('a phase abandoned on PEER_FAILED answers too late: the rank destroying for a later call does not move', async () => {
+        const r = await ready();
+        r.send({ type: 'BARRIER', call: 5, withCpuSync: false });
+        r.send({ type: 'PEER_FAILED', error: peerError });
+        r.send({ type: 'DESTROY', call: 9 });
+        r.send({ type: 'PHASE_FAILED', call: 5, phase: 'barrierDevice', error: nativeError('RANK_FAILED') });
+        r.send({ type: 'PHASE_DONE', call: 5, phase: 'barrierDevice' });
+        expect(r.state()).toBe('destroying');
+        expect(r.context().error).toEqual(peerError);
+        await r.done('destroy');
+        expect(r.state()).toBe('destroyed');
+    });
+
+    test('the answer of a refused call does not complete the next call of the same phase', async () => {
+        const r = await ready();
+        r.send({ type: 'ALL_GATHER', call: 5 });
+        await r.fail('allGather', nativeError('EINVAL'));
+        r.send({ type: 'ALL_GATHER', call: 6 });
+        r.send({ type: 'PHASE_DONE', call: 5, phase: 'allGather', output: 'stale' });
+        expect(r.state()).toBe('allGathering');
+        expect(r.reply).not.toHaveBeenCalled();
+        await r.done('allGather', 'fresh');
+        expect(r.state()).toBe('ready');
+        expect(r.reply.mock.calls).toEqual([[{ call: 6, output: 'fresh' }]]);
     });
 
     test('destroyed is final: it takes no event', async () => {

@@ -5,9 +5,9 @@ import { parentPort, workerData } from 'node:worker_threads';
 import { pathToFileURL } from 'node:url';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
-import { createActor, fromPromise, type InspectionEvent } from 'xstate';
+import { createActor, type InspectionEvent } from 'xstate';
 
-import { rankMachine, statePath, type FailureInfo, type PhaseInput, type RankEvent } from '../machines/index.js';
+import { rankMachine, statePath, type FailureInfo, type PhaseName, type RankEvent } from '../machines/index.js';
 import { loadAddon, type ExportedSegments, type NativeContext } from '../actors/native.js';
 import { RankflowError } from '../actors/errors.js';
 import { installErrorTransfer } from '../actors/comlink-errors.js';
@@ -59,22 +59,34 @@ const native: NativeContext = new addon.Context({
   gpuSeconds: init.gpuSeconds,
 });
 
-// A phase actor runs the phase function the request registered under that actor's name.
-const phaseActor = (name: string) =>
-  fromPromise<unknown, PhaseInput>(async ({ input }) => {
-    const p = pending.get(input.call);
-    const fn = p?.phases[name];
-    if (!fn) throw new RankflowError('STATE', `rank ${init.rank}: no request ${input.call} for phase ${name}`);
-    return fn();
-  });
+// Entering a phase state starts the phase function the request registered under that phase's name;
+// its settling is sent back as PHASE_DONE / PHASE_FAILED naming the call and the phase, which the
+// state takes only while it still serves that call (a late answer after a backstop moves nothing).
+function startPhase(call: number, phase: PhaseName): void {
+  const fn = pending.get(call)?.phases[phase];
+  let settled: Promise<unknown>;
+  if (!fn) {
+    settled = Promise.reject(new RankflowError('STATE', `rank ${init.rank}: no request ${call} for phase ${phase}`));
+  } else {
+    try {
+      settled = fn();
+    } catch (e) {
+      settled = Promise.reject(e);
+    }
+  }
+  // A stopped actor (destroyed) takes nothing: a phase abandoned before that has no one to tell.
+  const send = (e: RankEvent): void => {
+    if (actor.getSnapshot().status === 'active') actor.send(e);
+  };
+  settled.then(
+    (output) => send({ type: 'PHASE_DONE', call, phase, output }),
+    (error: unknown) => send({ type: 'PHASE_FAILED', call, phase, error }),
+  );
+}
 
 const machine = rankMachine.provide({
-  actors: Object.fromEntries(
-    ['registerWindow', 'barrierDevice', 'barrierCpuSync', 'allGather', 'dispatchNotify', 'dispatchCpuSync', 'dispatchData',
-      'combine', 'sessionOpen', 'sessionAllGather', 'sessionReduceScatter', 'sessionClose', 'engramWrite', 'engramFetch',
-      'ppExchange', 'destroy'].map((n) => [n, phaseActor(n)]),
-  ) as never,
   actions: {
+    startPhase: ({ context }, { phase }) => startPhase(context.call!, phase),
     reply: (_, { call, output }) => {
       const p = pending.get(call);
       pending.delete(call);
