@@ -29,7 +29,7 @@ import { attachInspector, inspectorAddress, type InspectorHandle } from './inspe
 import type { GroupObserver } from './timeline.js';
 import type { RankWorkerApi } from '../workers/rank.js';
 import type { CombineResult, DispatchResult, RankInit } from '../workers/ops.js';
-import { isWorkerMessage, type TransitionEvent } from '../workers/protocol.js';
+import { isWorkerMessage, type TransitionEvent, type WorkerMessage } from '../workers/protocol.js';
 
 export type { TransitionEvent };
 
@@ -267,9 +267,7 @@ export class Group extends EventEmitter<GroupEvents> {
     const handle = this.ranks[local]!;
     const rank = handle.rank;
     worker.on('message', (m: unknown) => {
-      if (!isWorkerMessage(m)) return;
-      if (m.kind === 'transition') this.onTransition(m.transition);
-      else if (m.kind === 'inspect') this.emit('inspect', m.record);
+      if (isWorkerMessage(m)) this.onWorkerMessage(m);
     });
     const untilGone: Cuts = new Set();
     const untilFailed: Cuts = new Set();
@@ -290,6 +288,12 @@ export class Group extends EventEmitter<GroupEvents> {
     });
     gone.catch(() => {});
     return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone, untilGone, untilFailed };
+  }
+
+  private onWorkerMessage(m: WorkerMessage): void {
+    if (m.kind === 'transition') this.onTransition(m.transition);
+    else if (m.kind === 'inspect') this.emit('inspect', m.record);
+    else if (m.kind === 'batch') for (const inner of m.messages) this.onWorkerMessage(inner);
   }
 
   private onTransition(t: TransitionEvent): void {

@@ -21,7 +21,12 @@ export interface TransitionEvent {
 export type WorkerMessage =
   | { kind: 'started'; rank: number }
   | { kind: 'transition'; transition: TransitionEvent }
-  | { kind: 'inspect'; record: Record<string, unknown> };
+  | { kind: 'inspect'; record: Record<string, unknown> }
+  /** several of the above, in order: the worker batches what it reports within a millisecond */
+  | { kind: 'batch'; messages: WorkerMessage[] };
+
+/** A worker waits at most this long before it reports what it queued (a reply never waits: it flushes first). */
+export const REPORT_BATCH_MS = 1;
 
 export const isWorkerMessage = (m: unknown): m is WorkerMessage =>
   typeof m === 'object' && m !== null && typeof (m as { kind?: unknown }).kind === 'string' && !('id' in m);

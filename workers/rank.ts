@@ -12,7 +12,7 @@ import { loadAddon, type ExportedSegments, type NativeContext } from '../actors/
 import { RankflowError } from '../actors/errors.js';
 import { installErrorTransfer } from '../actors/comlink-errors.js';
 import { RankOps, type RankInit } from './ops.js';
-import type { WorkerMessage } from './protocol.js';
+import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 
 if (!parentPort) throw new Error('workers/rank.js must run in a worker thread');
 const port = parentPort;
@@ -36,7 +36,22 @@ Comlink.transferHandlers.set('throw', {
 });
 
 const now = (): number => performance.timeOrigin + performance.now();
-const post = (m: WorkerMessage): void => port.postMessage(m);
+// Reports to the main thread are batched for up to REPORT_BATCH_MS: a post per transition cost a
+// rank program more than the machine itself. Every comlink reply flushes the batch first (see the
+// endpoint below), so a reply still never overtakes the transitions that preceded it.
+const outbox: WorkerMessage[] = [];
+let flushTimer: ReturnType<typeof setTimeout> | undefined;
+const flush = (): void => {
+  if (flushTimer !== undefined) clearTimeout(flushTimer);
+  flushTimer = undefined;
+  if (outbox.length === 0) return;
+  const batch = outbox.splice(0);
+  port.postMessage(batch.length === 1 ? batch[0] : { kind: 'batch', messages: batch });
+};
+const post = (m: WorkerMessage): void => {
+  outbox.push(m);
+  flushTimer ??= setTimeout(flush, REPORT_BATCH_MS);
+};
 
 /** Requests in flight, by call id: what a phase needs, and how to answer. */
 interface Pending {
@@ -215,5 +230,12 @@ const api = {
 };
 
 export type RankWorkerApi = typeof api;
-Comlink.expose(api, nodeEndpoint(port));
+const endpoint = nodeEndpoint(port);
+Comlink.expose(api, {
+  ...endpoint,
+  postMessage: (message: unknown, transfer?: Parameters<typeof endpoint.postMessage>[1]) => {
+    flush();
+    endpoint.postMessage(message, transfer);
+  },
+});
 post({ kind: 'started', rank: init.rank });
