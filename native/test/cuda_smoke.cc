@@ -32,6 +32,7 @@
 #include "cuda/launch.hpp"
 #include "cuda/nccl.hpp"
 #include "cuda/symmetric.hpp"
+#include "harness.hpp"
 #include "layout.hpp"
 
 extern char** environ;
@@ -46,81 +47,12 @@ constexpr int64_t kDeviceBytes = 16 << 20;
 constexpr int64_t kHostBytes = 2 << 20;
 constexpr uint64_t kTimeoutNs = 10ull * 1000 * 1000 * 1000;  // generous: a healthy wait is microseconds
 
-// ---- reporting -------------------------------------------------------------------------------------
-std::mutex g_print;
-int g_failed = 0;
-
-void report(bool ok, const char* fmt, ...) {
-  char line[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(line, sizeof(line), fmt, ap);
-  va_end(ap);
-  std::lock_guard<std::mutex> lock(g_print);
-  if (!ok) ++g_failed;
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", line);
-  std::fflush(stdout);
-}
-
-void info(const char* fmt, ...) {
-  char line[2048];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(line, sizeof(line), fmt, ap);
-  va_end(ap);
-  std::lock_guard<std::mutex> lock(g_print);
-  std::printf("     %s\n", line);
-  std::fflush(stdout);
-}
-
-// ---- rank threads ----------------------------------------------------------------------------------
-// A reusable rendezvous of the rank threads; a rank that fails breaks it so nobody waits forever.
-class Rendezvous {
- public:
-  explicit Rendezvous(int n) : n_(n) {}
-  void arrive() {
-    std::unique_lock<std::mutex> lock(m_);
-    if (broken_) throw std::runtime_error("another rank failed");
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen || broken_; });
-    if (gen_ == gen) throw std::runtime_error("another rank failed");
-  }
-  void do_break() {
-    std::lock_guard<std::mutex> lock(m_);
-    broken_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-  bool broken_ = false;
-};
-
-// Runs body(rank) on kWorld threads; a throw is reported as a FAIL of `step` and breaks the rendezvous.
-void run_ranks(const char* step, Rendezvous& rv, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const CudaError& e) {
-        report(false, "[rank %d] %s: %s (code %s)", r, step, e.what(), e.code.c_str());
-        rv.do_break();
-      } catch (const std::exception& e) {
-        report(false, "[rank %d] %s: %s", r, step, e.what());
-        rv.do_break();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-}
+// Reporting, rank threads and their rendezvous: harness.hpp.
+using rftest::g_failed;
+using rftest::info;
+using rftest::Rendezvous;
+using rftest::report;
+void run_ranks(const char* step, Rendezvous& rv, const std::function<void(int)>& body) { rftest::run_ranks(kWorld, step, rv, body); }
 
 // A CPU load through a cuMem mapping that the driver accepted but the platform cannot serve faults;
 // that must fail the step, not end the smoke run.

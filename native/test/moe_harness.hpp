@@ -19,86 +19,13 @@
 #include "cuda/host_workspace.hpp"
 #include "cuda/moe_launch.hpp"
 #include "cuda/symmetric.hpp"
+#include "harness.hpp"
 #include "layout.hpp"
 
 namespace rftest {
 
 using namespace rankflow;
 using namespace rankflow::cuda;
-
-inline std::mutex g_print;
-inline int g_failed = 0;
-
-inline void report(bool ok, const char* fmt, ...) {
-  char line[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(line, sizeof(line), fmt, ap);
-  va_end(ap);
-  std::lock_guard<std::mutex> lock(g_print);
-  if (!ok) ++g_failed;
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", line);
-  std::fflush(stdout);
-}
-
-inline void info(const char* fmt, ...) {
-  char line[4096];
-  va_list ap;
-  va_start(ap, fmt);
-  std::vsnprintf(line, sizeof(line), fmt, ap);
-  va_end(ap);
-  std::lock_guard<std::mutex> lock(g_print);
-  std::printf("%s\n", line);
-  std::fflush(stdout);
-}
-
-// A reusable rendezvous of the rank threads; a rank that fails breaks it so nobody waits forever.
-class Rendezvous {
- public:
-  explicit Rendezvous(int n) : n_(n) {}
-  void arrive() {
-    std::unique_lock<std::mutex> lock(m_);
-    if (broken_) throw std::runtime_error("another rank failed");
-    const int gen = gen_;
-    if (++count_ == n_) {
-      count_ = 0;
-      ++gen_;
-      cv_.notify_all();
-      return;
-    }
-    cv_.wait(lock, [&] { return gen_ != gen || broken_; });
-    if (gen_ == gen) throw std::runtime_error("another rank failed");
-  }
-  void do_break() {
-    std::lock_guard<std::mutex> lock(m_);
-    broken_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  int n_, count_ = 0, gen_ = 0;
-  bool broken_ = false;
-};
-
-// Runs body(rank) on `world` threads; a throw is reported as a FAIL of `step` and breaks the rendezvous.
-inline void run_ranks(int world, const char* step, Rendezvous& rv, const std::function<void(int)>& body) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        body(r);
-      } catch (const CudaError& e) {
-        report(false, "[rank %d] %s: %s (code %s)", r, step, e.what(), e.code.c_str());
-        rv.do_break();
-      } catch (const std::exception& e) {
-        report(false, "[rank %d] %s: %s", r, step, e.what());
-        rv.do_break();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-}
 
 struct DeviceBuffer {
   CUdeviceptr ptr = 0;
