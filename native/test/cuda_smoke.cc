@@ -189,7 +189,7 @@ void run_world(MemoryKind kind, bool with_nccl) {
     RF_CU(cuStreamSynchronize, stream.s);
     const std::vector<uint64_t> table = mem.peer_table();
     DeviceBuffer peers(table.size() * sizeof(uint64_t)), arrivals(16);
-    RF_CU(cuMemcpyHtoD, peers.ptr, table.data(), table.size() * sizeof(uint64_t));
+    rftest::copy_to_device(peers.ptr, table.data(), table.size() * sizeof(uint64_t));
     RF_CU(cuMemsetD8Async, arrivals.ptr, 0, 16, stream.s);
     HostWorkspace diag_ws;
     diag_ws.create(sizeof(Diagnostic));
@@ -230,7 +230,7 @@ void run_world(MemoryKind kind, bool with_nccl) {
       why.clear();
       for (int iter = 0; iter < 3; ++iter) {  // all 3 even after a mismatch: ranks stay in step
         for (int64_t i = 0; i < bytes; ++i) host[size_t(i)] = pattern(rank, i, iter);
-        RF_CU(cuMemcpyHtoD, src.ptr, host.data(), size_t(bytes));
+        rftest::copy_to_device(src.ptr, host.data(), size_t(bytes));
         a.seq = ++seq;
         launch_all_gather(kernels, stream.s, a, src.ptr, bytes, gather_offset, arrivals.ptr, 0, dev.sm_count());
         RF_CU(cuStreamSynchronize, stream.s);
@@ -329,7 +329,7 @@ int timeout_child() {
     Kernels kernels;
     const std::vector<uint64_t> table = mem.peer_table();
     DeviceBuffer peers(table.size() * sizeof(uint64_t));
-    RF_CU(cuMemcpyHtoD, peers.ptr, table.data(), table.size() * sizeof(uint64_t));
+    rftest::copy_to_device(peers.ptr, table.data(), table.size() * sizeof(uint64_t));
     HostWorkspace diag_ws;
     diag_ws.create(sizeof(Diagnostic));
     SignalArgs a;

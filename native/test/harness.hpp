@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "cuda/driver.hpp"
 #include "cuda/error.hpp"
 
 namespace rftest {
@@ -89,6 +90,14 @@ inline void run_ranks(int world, const char* step, Rendezvous& rv, const std::fu
       }
     });
   for (std::thread& t : threads) t.join();
+}
+
+// Host -> device copy that has landed when it returns. cuMemcpyHtoD from pageable memory may return
+// before its DMA is done, and the kernels run on non-blocking streams that do not wait for it.
+inline void copy_to_device(CUdeviceptr dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  RF_CU(cuMemcpyHtoD, dst, src, bytes);
+  RF_CU(cuCtxSynchronize);
 }
 
 }  // namespace rftest

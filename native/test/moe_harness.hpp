@@ -66,7 +66,7 @@ struct Event {
 
 template <typename T>
 void upload(const DeviceBuffer& d, const std::vector<T>& h) {
-  if (!h.empty()) RF_CU(cuMemcpyHtoD, d.ptr, h.data(), h.size() * sizeof(T));
+  copy_to_device(d.ptr, h.data(), h.size() * sizeof(T));
 }
 template <typename T>
 std::vector<T> download(CUdeviceptr d, size_t n) {

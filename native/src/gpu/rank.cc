@@ -104,7 +104,9 @@ class CudaRank final : public DeviceBackend, public RankGpu {
         std::vector<uint64_t> seg(size_t(c_.world()));
         for (int p = 0; p < c_.world(); ++p) seg[size_t(p)] = uint64_t(mem_.host_segment(p));
         RF_CU(cuMemAlloc, &segments_, seg.size() * sizeof(uint64_t));
-        RF_CU(cuMemcpyHtoD, segments_, seg.data(), seg.size() * sizeof(uint64_t));
+        // On the rank's stream: a plain cuMemcpyHtoD from pageable memory may still be in flight when a
+        // kernel on this non-blocking stream starts.
+        RF_CU(cuMemcpyHtoDAsync, segments_, seg.data(), seg.size() * sizeof(uint64_t), stream_);
       }
       if (comm_ != nullptr) {
         // Collective: every rank registers its device segment at the same time.
@@ -302,7 +304,7 @@ class CudaRank final : public DeviceBackend, public RankGpu {
         std::uniform_int_distribution<int32_t> pick(0, int32_t(c_.engram_entries * W - 1));
         std::vector<int32_t> ids(static_cast<size_t>(bytes));
         for (auto& id : ids) id = pick(gen);
-        RF_CU(cuMemcpyHtoD, src, ids.data(), ids.size() * 4);
+        RF_CU(cuMemcpyHtoDAsync, src, ids.data(), ids.size() * 4, stream_);
       } else {
         RF_CU(cuMemsetD8Async, src, 0x3c, size_t(src_bytes), stream_);
       }
@@ -445,7 +447,7 @@ class CudaRank final : public DeviceBackend, public RankGpu {
     const size_t table_bytes = align_up(int64_t(table.size() * sizeof(uint64_t)), 256);
     RF_CU(cuMemAlloc, &scratch_, table_bytes + 256);
     arrivals_ = scratch_ + table_bytes;
-    RF_CU(cuMemcpyHtoD, scratch_, table.data(), table.size() * sizeof(uint64_t));
+    RF_CU(cuMemcpyHtoDAsync, scratch_, table.data(), table.size() * sizeof(uint64_t), stream_);
     RF_CU(cuMemsetD8Async, arrivals_, 0, 256, stream_);
     // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
     RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
