@@ -25,6 +25,8 @@ const { values: flags } = parseArgs({
     warmup: { type: 'string', default: '5' },
     sms: { type: 'string', default: '8,16,24,32,48,64,96,132' },
     out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
+    /** ranks = GPUs used; default: every GPU the driver sees */
+    ranks: { type: 'string' },
     world: { type: 'boolean', default: false },
     child: { type: 'string' },
     rendezvous: { type: 'string' },
@@ -41,7 +43,9 @@ function commit(): string {
 
 async function main(): Promise<void> {
   const probe = probeCuda() as { available: boolean; reason?: string; devices: number; gpus?: Array<{ name: string; arch: string; sms: number }>; nccl?: { version?: string }; driverVersion?: string };
-  if (!probe.available || probe.devices < 2) throw new Error(`needs 2 GPUs with the CUDA backend: ${probe.reason ?? `${probe.devices} GPUs`}`);
+  const ranks = flags.ranks !== undefined ? Number(flags.ranks) : probe.devices;
+  if (!probe.available || !(ranks >= 2) || probe.devices < ranks)
+    throw new Error(`needs ${flags.ranks ?? 'at least 2'} GPUs with the CUDA backend: ${probe.reason ?? `${probe.devices} GPUs found`}`);
   const hidden = 7168, topk = 8, experts = 256;
   const ep = { maxTokensPerRank: 4096, hidden, topk, numExperts: experts, fp8Dispatch: true };
   const args: GpuMoeArgs = {
@@ -54,13 +58,13 @@ async function main(): Promise<void> {
       { name: '128 bf16', tokens: 128, fp8: false, sweep: false },
     ],
   };
-  // One process hosting both ranks, or (--world) one process per GPU; children send their part and end.
+  // One process hosting every rank, or (--world) one process per GPU; children send their part and end.
   const run = await runOnGpus<GpuMoeResult>({
     self: fileURLToPath(import.meta.url),
-    argv: ['--iters', flags.iters!, '--warmup', flags.warmup!, '--sms', flags.sms!],
+    argv: ['--iters', flags.iters!, '--warmup', flags.warmup!, '--sms', flags.sms!, '--ranks', String(ranks)],
     world: flags.world!,
     ...(flags.child !== undefined ? { child: { rank: Number(flags.child), rendezvous: flags.rendezvous! } } : {}),
-    ranks: 2, buffer: { ...ep, bytes: sizeHint(ep, 2) }, program: new URL('./programs/gpu-moe.js', import.meta.url), args,
+    ranks, buffer: { ...ep, bytes: sizeHint(ep, ranks) }, program: new URL('./programs/gpu-moe.js', import.meta.url), args,
   });
   if (!run) return;
   const { results, layout } = run;
@@ -93,8 +97,8 @@ async function main(): Promise<void> {
     console.log(`${pad(r.size, 10)} ${pad(r.op, 52)} ${pad(r.sms || 'all', 4)} ${pad(r.us.toFixed(1), 9)} ${pad(r.device_us.toFixed(1), 8)} ${pad(`${r.gbps_deepep_metric.toFixed(1)} / ${r.gbps_deepep_metric_device.toFixed(1)}`, 21)} ${pad(r.gbps_remote_device.toFixed(1), 16)} ${pad(`${r.x_nccl.toFixed(2)} / ${r.x_nccl_device.toFixed(2)}`, 15)} ${r.x_ce_device.toFixed(2)}`);
   // Per-op overhead of a nearly free op (a barrier: ~5 µs kernel) in a rank program: wall µs per call.
   // (one process; skipped in the --world run, which measures the collectives in that layout only)
-  const overhead = flags.world ? [] : await measureOverhead('cuda', 2, Number(flags['overhead-iters']), 200);
-  if (overhead.length) console.log('per-op wall µs of a rank program\'s barrier (2 ranks; the kernel alone takes ~5 µs)');
+  const overhead = flags.world ? [] : await measureOverhead('cuda', ranks, Number(flags['overhead-iters']), 200);
+  if (overhead.length) console.log(`per-op wall µs of a rank program's barrier (${ranks} ranks; the kernel alone takes ~5 µs on 2)`);
   for (const f of overhead) console.log(`${pad(f.op, 22)} p50 ${f.p50.toFixed(1).padStart(8)}  p99 ${f.p99.toFixed(1).padStart(8)}  mean ${f.mean.toFixed(1).padStart(8)}`);
   const date = new Date().toISOString().slice(0, 10);
   const out = {
