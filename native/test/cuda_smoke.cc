@@ -84,30 +84,10 @@ bool cpu_read(const volatile uint8_t* p, int64_t bytes, uint8_t* first, uint8_t*
 
 uint8_t pattern(int rank, int64_t i, int iter) { return uint8_t(i * 131 + rank * 17 + iter * 29 + 1); }
 
-// Device scratch owned by one rank: freed on scope exit.
-struct DeviceBuffer {
-  CUdeviceptr ptr = 0;
-  explicit DeviceBuffer(size_t bytes) { RF_CU(cuMemAlloc, &ptr, bytes); }
-  ~DeviceBuffer() {
-    if (ptr != 0) driver().cuMemFree(ptr);
-  }
-};
-
-struct Stream {
-  CUstream s = nullptr;
-  Stream() { RF_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING); }
-  ~Stream() {
-    if (s != nullptr) driver().cuStreamDestroy(s);
-  }
-};
-
-struct Event {
-  CUevent e = nullptr;
-  Event() { RF_CU(cuEventCreate, &e, CU_EVENT_DEFAULT); }
-  ~Event() {
-    if (e != nullptr) driver().cuEventDestroy(e);
-  }
-};
+// Device scratch, streams and events owned by one rank (freed on scope exit): harness.hpp.
+using rftest::DeviceBuffer;
+using rftest::Event;
+using rftest::Stream;
 
 // What the rank threads of one world share.
 struct World {

@@ -1,5 +1,6 @@
 // What the GPU test programs (cuda_smoke, moe_smoke, moe_bench) share: PASS/FAIL lines, rank threads
-// with a rendezvous that a failing rank breaks (so nobody waits forever), and the runner of a step.
+// with a rendezvous that a failing rank breaks (so nobody waits forever), the runner of a step, and
+// RAII device buffers, streams and events.
 #pragma once
 
 #include <condition_variable>
@@ -91,6 +92,44 @@ inline void run_ranks(int world, const char* step, Rendezvous& rv, const std::fu
     });
   for (std::thread& t : threads) t.join();
 }
+
+// RAII device objects of the test programs (made on the thread whose context is current).
+struct DeviceBuffer {
+  CUdeviceptr ptr = 0;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) { alloc(n); }
+  void alloc(size_t n) {
+    release();
+    bytes = n;
+    RF_CU(cuMemAlloc, &ptr, n > 0 ? n : 16);
+  }
+  void release() {
+    if (ptr != 0) rankflow::cuda::driver().cuMemFree(ptr);
+    ptr = 0;
+  }
+  ~DeviceBuffer() { release(); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  template <typename T>
+  T* as() const { return reinterpret_cast<T*>(ptr); }
+};
+
+struct Stream {
+  CUstream s = nullptr;
+  Stream() { RF_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING); }
+  ~Stream() {
+    if (s != nullptr) rankflow::cuda::driver().cuStreamDestroy(s);
+  }
+};
+
+struct Event {
+  CUevent e = nullptr;
+  Event() { RF_CU(cuEventCreate, &e, CU_EVENT_DEFAULT); }
+  ~Event() {
+    if (e != nullptr) rankflow::cuda::driver().cuEventDestroy(e);
+  }
+};
 
 // Host -> device copy that has landed when it returns. cuMemcpyHtoD from pageable memory may return
 // before its DMA is done, and the kernels run on non-blocking streams that do not wait for it.

@@ -27,43 +27,6 @@ namespace rftest {
 using namespace rankflow;
 using namespace rankflow::cuda;
 
-struct DeviceBuffer {
-  CUdeviceptr ptr = 0;
-  size_t bytes = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) { alloc(n); }
-  void alloc(size_t n) {
-    release();
-    bytes = n;
-    RF_CU(cuMemAlloc, &ptr, n > 0 ? n : 16);
-  }
-  void release() {
-    if (ptr != 0) driver().cuMemFree(ptr);
-    ptr = 0;
-  }
-  ~DeviceBuffer() { release(); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  template <typename T>
-  T* as() const { return reinterpret_cast<T*>(ptr); }
-};
-
-struct Stream {
-  CUstream s = nullptr;
-  Stream() { RF_CU(cuStreamCreate, &s, CU_STREAM_NON_BLOCKING); }
-  ~Stream() {
-    if (s != nullptr) driver().cuStreamDestroy(s);
-  }
-};
-
-struct Event {
-  CUevent e = nullptr;
-  Event() { RF_CU(cuEventCreate, &e, CU_EVENT_DEFAULT); }
-  ~Event() {
-    if (e != nullptr) driver().cuEventDestroy(e);
-  }
-};
-
 template <typename T>
 void upload(const DeviceBuffer& d, const std::vector<T>& h) {
   copy_to_device(d.ptr, h.data(), h.size() * sizeof(T));
