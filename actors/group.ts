@@ -10,23 +10,23 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
-import { config, PACKAGE_ROOT } from './config.js';
-import { RankflowError, invalid } from './errors.js';
-import { installErrorTransfer } from './comlink-errors.js';
-import { loadAddon, type ExportedSegments } from './native.js';
-import { cudaDeviceCount, resolveBackend, type Backend } from './backend.js';
-import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
+import { config, PACKAGE_ROOT } from './core/config.js';
+import { RankflowError, invalid } from './core/errors.js';
+import { installErrorTransfer } from './core/comlink-errors.js';
+import { loadAddon, type ExportedSegments } from './core/addon.js';
+import { cudaDeviceCount, resolveBackend, type Backend } from './core/backend.js';
+import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
 import {
   checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
-} from './validate.js';
-import { engramSizeHint, sizeHint } from './hints.js';
-import { checkWorld, joinWorld, type WorldOptions } from './world.js';
-import type { Rendezvous } from './rendezvous.js';
+} from './core/validate.js';
+import { engramSizeHint, sizeHint } from './core/hints.js';
+import { checkWorld, joinWorld, type WorldOptions } from './world/join.js';
+import type { Rendezvous } from './world/rendezvous.js';
 import { rankMachine, type FailureInfo } from '../machines/index.js';
-import { describeMachine } from './machine-graph.js';
-import { attachInspector, inspectorAddress, type InspectorHandle } from './inspector.js';
-import type { GroupObserver } from './timeline.js';
+import { describeMachine } from './observe/machine-graph.js';
+import { attachInspector, inspectorAddress, type InspectorHandle } from './observe/inspector.js';
+import type { GroupObserver } from './observe/timeline.js';
 import type { RankWorkerApi } from '../workers/rank.js';
 import type { CombineResult, DispatchResult, RankInit } from '../workers/ops.js';
 import { isWorkerMessage, type TransitionEvent, type WorkerMessage } from '../workers/protocol.js';

@@ -20,7 +20,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
-import { PACKAGE_ROOT } from '../actors/config.js';
+import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { AgrsCase, AgrsLoopArgs, AgrsLoopResult } from './programs/agrs-loop.js';
 import { runOnGpus } from './layout.js';
 

@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
 
 import { probeCuda, sizeHint } from '../actors/index.js';
-import { PACKAGE_ROOT } from '../actors/config.js';
+import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { GpuFigure, GpuMoeArgs, GpuMoeResult } from './programs/gpu-moe.js';
 import { measureOverhead } from './overhead.js';
 import { runOnGpus } from './layout.js';

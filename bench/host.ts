@@ -11,7 +11,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 
 import { createGroup } from '../actors/index.js';
-import { PACKAGE_ROOT } from '../actors/config.js';
+import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { MoeLoopArgs, MoeLoopResult } from './programs/moe-loop.js';
 
 const { values: flags } = parseArgs({

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Entry of the `rankflow` command (compiled code in dist/).
-import { main } from '../dist/actors/cli.js';
+import { main } from '../dist/actors/cli/main.js';
 
 main(process.argv.slice(2)).then(
   (code) => { process.exitCode = code; },

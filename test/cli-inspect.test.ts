@@ -6,7 +6,7 @@ import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, test } from 'vitest';
-import { runDemoWithTimeline, runInspect, type DemoRunOptions } from '../actors/cli-inspect.js';
+import { runDemoWithTimeline, runInspect, type DemoRunOptions } from '../actors/cli/inspect.js';
 import { FakeGroup } from './fixtures/fake-group.js';
 import { parseSvg, withAttr } from './fixtures/svg-tree.js';
 

@@ -7,7 +7,7 @@
  */
 import { describe, expect, test } from 'vitest';
 import { createGroup, type DispatchResult, type Group, type RankflowError } from '../actors/index.js';
-import { loadAddon } from '../actors/native.js';
+import { loadAddon } from '../actors/core/addon.js';
 import { program, recordTransitions, withGroup } from './helpers/group.js';
 import {
     prng, randomBf16, randomDispatchInput, randomRouting, referenceDispatch, type MoeConfig, type RankRouting,

@@ -4,7 +4,7 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { afterEach, describe, expect, it } from 'vitest';
 
 import { createGroup, RankflowError, sizeHint, tensor, type Group, type TransitionEvent } from '../actors/index.js';
-import { loadAddon } from '../actors/native.js';
+import { loadAddon } from '../actors/core/addon.js';
 
 const buffer = { maxTokensPerRank: 32, hidden: 128, topk: 2, numExperts: 24 };
 const MiB2 = 2 * 1024 * 1024;

@@ -10,8 +10,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { chromium, type BrowserContext, type Page } from 'playwright-core';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
-import { attachInspector, type InspectorHandle } from '../actors/inspector.js';
-import type { MachineDescription } from '../actors/machine-graph.js';
+import { attachInspector, type InspectorHandle } from '../actors/observe/inspector.js';
+import type { MachineDescription } from '../actors/observe/machine-graph.js';
 import { FakeGroup } from './fixtures/fake-group.js';
 
 const CHROMIUM = '/usr/bin/chromium';

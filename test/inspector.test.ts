@@ -12,10 +12,10 @@ import {
     isLoopbackHost,
     startInspectorServer,
     type InspectorServer
-} from '../actors/inspector.js';
-import { PAGE_SCRIPT, PAGE_STYLE } from '../actors/inspector-page.js';
-import type { MachineDescription } from '../actors/machine-graph.js';
-import type { TimelineRecording } from '../actors/timeline.js';
+} from '../actors/observe/inspector.js';
+import { PAGE_SCRIPT, PAGE_STYLE } from '../actors/observe/inspector-page.js';
+import type { MachineDescription } from '../actors/observe/machine-graph.js';
+import type { TimelineRecording } from '../actors/observe/timeline.js';
 import { FakeGroup } from './fixtures/fake-group.js';
 import { SseClient } from './fixtures/sse-client.js';
 import { parseSvg, withAttr } from './fixtures/svg-tree.js';

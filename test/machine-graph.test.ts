@@ -3,7 +3,7 @@
  */
 import { describe, expect, test } from 'vitest';
 import { fromPromise, setup } from 'xstate';
-import { assertMachineDescription, describeMachine } from '../actors/machine-graph.js';
+import { assertMachineDescription, describeMachine } from '../actors/observe/machine-graph.js';
 
 const machine = setup({
     actors: { open: fromPromise(async () => undefined) },

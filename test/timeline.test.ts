@@ -13,7 +13,7 @@ import {
     layoutTimeline,
     renderTimelineSvg,
     type TimelineRecording
-} from '../actors/timeline.js';
+} from '../actors/observe/timeline.js';
 import { FakeGroup } from './fixtures/fake-group.js';
 import { RUN_START, recordedRun } from './fixtures/recorded-run.js';
 import { parseSvg, textOf, withAttr, type SvgNode } from './fixtures/svg-tree.js';

@@ -4,13 +4,13 @@
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 
 import type { RankEvent } from '../machines/index.js';
-import type { NativeContext, NativeDispatchInput, NativeDispatchOutput, NativeDispatchRun } from '../actors/native.js';
-import { invalid } from '../actors/errors.js';
-import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/device-tensor.js';
-import { bytesOf, checkArray, checkTensor, ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/tensor.js';
+import type { NativeContext, NativeDispatchInput, NativeDispatchOutput, NativeDispatchRun } from '../actors/core/addon.js';
+import { invalid } from '../actors/core/errors.js';
+import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
+import { bytesOf, checkArray, checkTensor, ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
 import {
   checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
-} from '../actors/validate.js';
+} from '../actors/core/validate.js';
 import { stagedPhases } from './staged.js';
 
 export interface RankInit {

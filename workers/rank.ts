@@ -8,9 +8,9 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 import { createActor, type InspectionEvent } from 'xstate';
 
 import { rankMachine, statePath, type FailureInfo, type PhaseName, type RankEvent } from '../machines/index.js';
-import { loadAddon, type ExportedSegments, type NativeContext } from '../actors/native.js';
-import { RankflowError } from '../actors/errors.js';
-import { installErrorTransfer } from '../actors/comlink-errors.js';
+import { loadAddon, type ExportedSegments, type NativeContext } from '../actors/core/addon.js';
+import { RankflowError } from '../actors/core/errors.js';
+import { installErrorTransfer } from '../actors/core/comlink-errors.js';
 import { RankOps, type RankInit } from './ops.js';
 import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 

@@ -1,11 +1,11 @@
 // The `rankflow` command: demo, doctor, inspect.
 import { runDemo } from './demo.js';
-import { runDemoWithTimeline, runInspect, type RunDemo } from './cli-inspect.js';
-import { describeMachine } from './machine-graph.js';
-import { rankMachine } from '../machines/index.js';
-import { probeCuda, resolveBackend } from './backend.js';
-import { config } from './config.js';
-import { loadAddon } from './native.js';
+import { runDemoWithTimeline, runInspect, type RunDemo } from './inspect.js';
+import { describeMachine } from '../observe/machine-graph.js';
+import { rankMachine } from '../../machines/index.js';
+import { probeCuda, resolveBackend } from '../core/backend.js';
+import { config } from '../core/config.js';
+import { loadAddon } from '../core/addon.js';
 
 const USAGE = `usage: rankflow <command>
   demo [--ranks N] [--backend auto|host|cuda] [--timeline out.svg]   run a group: transitions, barrier, allGather, dispatch/combine

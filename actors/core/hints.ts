@@ -1,6 +1,6 @@
 // Size hints (DeepEP's get_buffer_size_hint): computed from the layouts the native side defines.
 import { invalid } from './errors.js';
-import { loadAddon } from './native.js';
+import { loadAddon } from './addon.js';
 import { ELEMENT_BYTES, type DType } from './tensor.js';
 
 const ALIGN = 2 * 1024 * 1024;

@@ -2,13 +2,13 @@
  * The inspector server: a small node:http server on a loopback address that shows a group's
  * ranks live. It serves
  *
- *   GET /              the page (actors/inspector-page.ts)
+ *   GET /              the page (actors/observe/inspector-page.ts)
  *   GET /events        Server-Sent Events: `hello` (the run: size, machine, initial states), the
  *                      history so far, then each `transition` and `failure` live; `detached`
  *                      when the group is let go. Every new connection gets the full replay.
  *   GET /snapshot      JSON: { size, backend, attached, ranks: group.snapshot() }
  *   GET /machine       JSON: the machine description the page draws
- *   GET /timeline.svg  the timeline so far (actors/timeline.ts), `?width=` in px
+ *   GET /timeline.svg  the timeline so far (actors/observe/timeline.ts), `?width=` in px
  *   GET /recording     JSON: the TimelineRecording, to draw again later
  *
  * It listens on loopback only and refuses requests that come from elsewhere or that name it by a

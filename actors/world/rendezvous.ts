@@ -9,8 +9,8 @@
 // whose process lives on (`announceFailure` / `onRankFailed`: a timeout, a terminated worker).
 import net from 'node:net';
 
-import { RankflowError, type RankflowErrorCode } from './errors.js';
-import { hostId as localHostId } from './hostId.js';
+import { RankflowError, type RankflowErrorCode } from '../core/errors.js';
+import { hostId as localHostId } from './host-id.js';
 
 export interface RendezvousOptions {
   /** `tcp://host:port`; the process with rankOffset 0 listens there, the others connect. */

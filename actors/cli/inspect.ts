@@ -6,9 +6,9 @@
  */
 import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
-import { startInspectorServer, type InspectorServer } from './inspector.js';
-import type { MachineDescription } from './machine-graph.js';
-import { TimelineRecorder, type GroupObserver } from './timeline.js';
+import { startInspectorServer, type InspectorServer } from '../observe/inspector.js';
+import type { MachineDescription } from '../observe/machine-graph.js';
+import { TimelineRecorder, type GroupObserver } from '../observe/timeline.js';
 
 /**
  * What the demo is handed. It must call `observer.attach(group)` for each observer as soon as its

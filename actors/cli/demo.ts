@@ -1,9 +1,9 @@
 // `rankflow demo`: a group of ranks on the backend found (host without GPUs) lives, synchronises,
 // moves tokens and dies, printing every transition as it happens and what it measured.
-import { createGroup } from './group.js';
-import { RankflowError } from './errors.js';
-import { tensor, toBf16, type Tensor } from './tensor.js';
-import type { GroupObserver } from './timeline.js';
+import { createGroup } from '../group.js';
+import { RankflowError } from '../core/errors.js';
+import { tensor, toBf16, type Tensor } from '../core/tensor.js';
+import type { GroupObserver } from '../observe/timeline.js';
 
 export interface DemoOptions {
   argv: string[];

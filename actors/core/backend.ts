@@ -2,7 +2,7 @@
 // else host, and the fallback is said out loud (once) rather than hidden.
 import { config } from './config.js';
 import { RankflowError } from './errors.js';
-import { loadAddon } from './native.js';
+import { loadAddon } from './addon.js';
 
 export type Backend = 'host' | 'cuda';
 

@@ -8,7 +8,7 @@
  * Drawing is a pure function of the recording, so the same run always gives the same bytes.
  */
 
-import type { TransitionEvent } from '../workers/protocol.js';
+import type { TransitionEvent } from '../../workers/protocol.js';
 
 /** One rank's state change, as the group emits it (`group.on('transition', ...)`): defined with the worker protocol. */
 export type { TransitionEvent };

@@ -3,8 +3,8 @@
 // ranks' symmetric segments over Unix sockets (SCM_RIGHTS), so every rank can map every peer.
 import { randomUUID } from 'node:crypto';
 
-import { RankflowError, invalid } from './errors.js';
-import { loadAddon, type ExportedSegments } from './native.js';
+import { RankflowError, invalid } from '../core/errors.js';
+import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { rendezvous, type Rendezvous } from './rendezvous.js';
 
 export interface WorldOptions {
