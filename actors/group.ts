@@ -13,8 +13,8 @@ import { pathToFileURL } from 'node:url';
 import { config, PACKAGE_ROOT } from './core/config.js';
 import { RankflowError, invalid } from './core/errors.js';
 import { installErrorTransfer } from './core/comlink-errors.js';
-import { loadAddon, type ExportedSegments } from './core/addon.js';
-import { cudaDeviceCount, resolveBackend, type Backend } from './core/backend.js';
+import { ABORT, loadAddon, type ExportedSegments } from './core/addon.js';
+import { cudaDeviceCount, probeCuda, resolveBackend, type Backend } from './core/backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
 import {
   checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
@@ -27,9 +27,10 @@ import { rankMachine, type FailureInfo } from '../machines/index.js';
 import { describeMachine } from './observe/machine-graph.js';
 import { attachInspector, inspectorAddress, type InspectorHandle } from './observe/inspector.js';
 import type { GroupObserver } from './observe/timeline.js';
+import { HandleRegistry } from './core/handles.js';
+import type { CombineResult, DispatchResult } from './core/types.js';
 import type { RankWorkerApi } from '../workers/rank.js';
-import type { CombineResult, DispatchResult, RankInit } from '../workers/ops.js';
-import { isWorkerMessage, type TransitionEvent, type WorkerMessage } from '../workers/protocol.js';
+import { isWorkerMessage, type RankInit, type TransitionEvent, type WorkerMessage } from '../workers/protocol.js';
 
 export type { TransitionEvent };
 
@@ -91,6 +92,11 @@ export class RankHandle {
 interface Member {
   worker: Worker;
   api: Comlink.Remote<RankWorkerApi>;
+  /** the rank's abort words (a SharedArrayBuffer its native waits and kernels read) */
+  abort: SharedArrayBuffer;
+  abortWords?: Int32Array;
+  /** the dispatch handles this rank returned to the caller: driver mode refuses any other */
+  handles: HandleRegistry;
   /** rejects with RANK_FAILED when the worker exits */
   gone: Promise<never>;
   /** calls to end early with RANK_FAILED when the worker exits: every call to it */
@@ -166,7 +172,11 @@ export class Group extends EventEmitter<GroupEvents> {
     const worldSize = world?.size ?? size;
     const devices = checkDevices(opts.devices, size, resolved, gpus);
     if (resolved === 'cuda' && devices === undefined && size > gpus)
-      throw invalid('ranks', `(${size}) exceeds the GPU count (${gpus}): backend 'cuda' runs one rank per GPU`);
+      throw invalid('ranks', `(${size}) exceeds the GPU count (${gpus}): backend 'cuda' runs one rank per GPU unless told otherwise; ` +
+        `to share GPUs on purpose, name each rank's GPU, e.g. devices: [${Array.from({ length: size }, (_, r) => r % Math.max(1, gpus)).join(', ')}]`);
+    if (world !== undefined && Array.isArray(opts.devices) && new Set(opts.devices).size < opts.devices.length)
+      throw invalid('devices', 'names a GPU twice in a world: ranks may share a GPU only in a group of one process (no world), ' +
+        'since a world\'s cuda ranks need NCCL, which refuses two ranks on one GPU');
     const buffer = checkBufferConfig(opts.buffer, worldSize);
     const ranksPerNode = opts.ranksPerNode ?? worldSize;
     checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);
@@ -206,11 +216,18 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[] }): Promise<void> {
+    // Ranks of this process that share a GPU split its SMs between them, and make no NCCL
+    // communicator: NCCL refuses two ranks on one GPU.
+    const share = (d: number) => t.devices!.filter((e) => e === d).length;
+    const sharing = t.devices !== undefined && new Set(t.devices).size < t.devices.length;
     for (let r = 0; r < this.size; r++) {
+      const abort = new SharedArrayBuffer(ABORT.bytes);
       const init: RankInit = {
         rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
-        backend: this.backend, ...(t.devices ? { device: t.devices[r]! } : {}),
+        backend: this.backend, abort,
+        tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
+        ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
       };
       this.members.push(this.spawn(r, init));
     }
@@ -226,14 +243,17 @@ export class Group extends EventEmitter<GroupEvents> {
       await this.all((api) => api.register(peers));
       return;
     }
-    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), t.cpuSeconds * 1000);
+    // Processes must not share a GPU (their kernels time-slice: one waiting for a peer would crawl):
+    // each says which GPUs its ranks use, and the world refuses a GPU named by two processes.
+    const gpus = this.backend === 'cuda' ? localGpuIds(this.size, this.rankOffset, t.devices) : [];
+    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), t.cpuSeconds * 1000, gpus);
     this.rv = joined.rv;
     joined.rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {
         const error = new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
         this.emit('failed', { rank: g, error });
         const info: FailureInfo = { code: 'RANK_FAILED', message: error.message, rank: g };
-        this.members.forEach((m, r) => { if (!this.ranks[r]!.exited) void m.api.peerFailed(g, info).catch(() => {}); });
+        this.members.forEach((m, r) => { if (!this.ranks[r]!.exited) this.tellPeerFailed(m, g, info); });
       }
     });
     // A rank of another process failed while its process lives on (a timeout, a terminated worker):
@@ -245,7 +265,7 @@ export class Group extends EventEmitter<GroupEvents> {
       const info: FailureInfo = { code: 'RANK_FAILED', message: f.message, rank: f.rank, phase: f.phase };
       this.members.forEach((m, r) => {
         const peer = this.ranks[r]!;
-        if (!peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(f.rank, info).catch(() => {});
+        if (!peer.exited && peer.state !== 'destroyed') this.tellPeerFailed(m, f.rank, info);
       });
     });
     try {
@@ -267,7 +287,13 @@ export class Group extends EventEmitter<GroupEvents> {
     const handle = this.ranks[local]!;
     const rank = handle.rank;
     worker.on('message', (m: unknown) => {
-      if (isWorkerMessage(m)) this.onWorkerMessage(m);
+      if (!isWorkerMessage(m)) return;
+      if (m.kind === 'started') {
+        const member = this.members[local];
+        if (member) member.abortWords = new Int32Array(member.abort, m.abortOffset, ABORT.words + ABORT.maxReason / 4);
+        return;
+      }
+      this.onWorkerMessage(m);
     });
     const untilGone: Cuts = new Set();
     const untilFailed: Cuts = new Set();
@@ -287,7 +313,7 @@ export class Group extends EventEmitter<GroupEvents> {
       worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
     });
     gone.catch(() => {});
-    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), gone, untilGone, untilFailed };
+    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed };
   }
 
   private onWorkerMessage(m: WorkerMessage): void {
@@ -322,9 +348,30 @@ export class Group extends EventEmitter<GroupEvents> {
     const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
     this.members.forEach((m, r) => {
       const peer = this.ranks[r]!;
-      if (r !== local && !peer.exited && peer.state !== 'destroyed') void m.api.peerFailed(rank, info).catch(() => {});
+      if (r !== local && !peer.exited && peer.state !== 'destroyed') this.tellPeerFailed(m, rank, info);
     });
     this.rv?.announceFailure({ rank, message: info.message, ...(error.phase !== undefined ? { phase: error.phase } : {}) });
+  }
+
+  /**
+   * Rank `failed` is gone: its peers' waits end at once through their abort words (read natively, and
+   * by their kernels, also while the worker's thread is blocked in an op), and their machines record it.
+   */
+  private tellPeerFailed(m: Member, failed: number, info: FailureInfo): void {
+    const w = m.abortWords;
+    if (w && Atomics.load(w, ABORT.failedRank) === 0) {
+      // The reason first (the native side reads it after it sees the failed rank), then the rank.
+      const reason = new TextEncoder().encode(info.message).subarray(0, ABORT.maxReason);
+      new Uint8Array(w.buffer, w.byteOffset + ABORT.words * 4, ABORT.maxReason).set(reason);
+      Atomics.store(w, ABORT.reasonBytes, reason.length);
+      Atomics.store(w, ABORT.failedRank, failed + 1);
+    }
+    void m.api.peerFailed(info).catch(() => {});
+  }
+
+  /** The rank is being torn down: whatever it waits for, it stops waiting. */
+  private stopRank(m: Member): void {
+    if (m.abortWords) Atomics.store(m.abortWords, ABORT.stopping, 1);
   }
 
   /** Calls rank r's worker; fails with RANK_FAILED if the worker dies first. */
@@ -392,19 +439,23 @@ export class Group extends EventEmitter<GroupEvents> {
   dispatch(inputs: DispatchInput[]): Promise<DispatchResult[]> {
     try {
       const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);
-      list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id));
+      list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id, this.members[r]!.handles));
       this.checkHandlesAgree('inputs', list.map((d) => d.handle));
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.all((api, r) => api.dispatch(inputs[r]!)));
+    return this.collective(['ready'], async () => {
+      const out = await this.all((api, r) => api.dispatch(inputs[r]!));
+      out.forEach((o, r) => this.members[r]!.handles.add(o.handle));  // the handles this group may take back
+      return out;
+    });
   }
 
   combine(inputs: CombineInput[]): Promise<CombineResult[]> {
     let biases: Tensor[][];
     try {
       const list = checkPerRank<CombineInput>('inputs', inputs, this.size);
-      biases = list.map((c, r) => checkCombineInput(`inputs[${r}]`, c, this.buffer, this.rankOffset + r, this.id));
+      biases = list.map((c, r) => checkCombineInput(`inputs[${r}]`, c, this.buffer, this.rankOffset + r, this.id, this.members[r]!.handles));
       this.checkHandlesAgree('inputs', list.map((c) => c.handle));
     } catch (e) {
       return Promise.reject(e);
@@ -523,6 +574,7 @@ export class Group extends EventEmitter<GroupEvents> {
       h.terminated = true;
       h.state = 'failed';
     }
+    this.stopRank(m);
     await m.worker.terminate();
     await m.gone.catch(() => {});
   }
@@ -537,6 +589,8 @@ export class Group extends EventEmitter<GroupEvents> {
           const timer = new Promise<void>((resolve) => setTimeout(resolve, DESTROY_GRACE_MS).unref());
           await Promise.race([this.call(r, () => m.api.destroy()).catch(() => {}), timer]);
         }
+        // A worker blocked in a wait (a peer that never came) only takes terminate() once it stops waiting.
+        this.stopRank(m);
         m.api[Comlink.releaseProxy]();
         await m.worker.terminate();
         const h = this.ranks[r]!;
@@ -617,7 +671,10 @@ export class Session {
   }
 }
 
-/** `devices`: one distinct GPU ordinal per rank, each below the GPU count (cuda only; ignored on host). */
+/**
+ * `devices`: the GPU ordinal of each rank, below the GPU count (cuda only; ignored on host). A GPU may
+ * be named more than once: those ranks share it (one process only).
+ */
 function checkDevices(devices: unknown, size: number, backend: Backend, gpus: number): number[] | undefined {
   if (devices === undefined) return undefined;
   if (!Array.isArray(devices)) throw invalid('devices', `must be an array of GPU ordinals, one per rank (got ${typeof devices})`);
@@ -626,9 +683,14 @@ function checkDevices(devices: unknown, size: number, backend: Backend, gpus: nu
     if (!Number.isInteger(d) || (d as number) < 0) throw invalid(`devices[${i}]`, `must be a non-negative integer GPU ordinal (got ${String(d)})`);
     if (backend === 'cuda' && (d as number) >= gpus) throw invalid(`devices[${i}]`, `GPU ${d} does not exist: the driver sees ${gpus} GPU(s)`);
   });
-  const dup = devices.findIndex((d, i) => devices.indexOf(d) !== i);
-  if (dup >= 0) throw invalid(`devices[${dup}]`, `GPU ${devices[dup]} is given to two ranks; each rank needs its own GPU`);
   return backend === 'cuda' ? (devices as number[]) : undefined;
+}
+
+/** The GPUs (UUIDs) this process's cuda ranks use: `devices`, or rank % GPU count as the native side picks. */
+function localGpuIds(size: number, rankOffset: number, devices?: number[]): string[] {
+  const gpus = (probeCuda().gpus ?? []) as Array<{ uuid?: string }>;
+  if (gpus.length === 0) return [];
+  return Array.from({ length: size }, (_, r) => gpus[devices ? devices[r]! : (rankOffset + r) % gpus.length]?.uuid ?? '').filter((u) => u !== '');
 }
 
 /**

@@ -1,4 +1,4 @@
-// MoE combine on the GPU: the host executor's protocol (native/src/ops/combine.cc), bit-identical.
+// MoE combine on the GPU: the host executor's protocol (native/src/backends/host/moe.cc), bit-identical.
 //   1. enter: block 0 announces the op to every peer; a block writes into peer p once p entered.
 //   2. send: a warp per received row returns it (16-byte vectors, over NVLink) into its source rank's
 //      buffer at slot my_rank * max_tokens + src_token (combine_x), with its topk weights
@@ -8,11 +8,12 @@
 //      token went to (mine straight from x at its dispatch row), adds bias0 then bias1, rounds to
 //      bf16 (float_to_bf16, RNE: the host's rule); the weights likewise.
 // Split mode (send_blocks > 0): blocks [0, send_blocks) only send, and after each row a warp stores
-// a per-row arrival flag (seq << 32 | kFlagTag, release) into the source's flag region
-// (moe::combine_flags_offset: after the combine region); blocks [send_blocks, grid) only reduce,
-// waiting per token for the flags of the ranks it went to, so the reduction overlaps the transfer.
+// a per-row arrival flag (combine_flag(seq), release) into the source's flag region
+// (buf.combine_flags); blocks [send_blocks, grid) only reduce, waiting per token for the flags of
+// the ranks it went to, so the reduction overlaps the transfer.
 // `done` is still signalled once every block finished (nobody needs to wait for it: each reducer
 // waited for exactly the rows it reads).
+// A wait that gives up (common.cuh) skips the work after it; nothing is signalled by a rank that gave up.
 #include "moe.cuh"
 
 using namespace rankflow;
@@ -21,21 +22,6 @@ using namespace rankflow::kernels;
 namespace {
 constexpr int kSendUnroll = 8;
 constexpr int kReduceUnroll = 4;
-
-__device__ __forceinline__ uint64_t flag_value(uint32_t seq) { return (uint64_t(seq) << 32) | moe::kCombineFlagTag; }
-
-// Spins until *flag == want (exact: the flag region is reused and may hold other data); acquire.
-__device__ __forceinline__ void wait_flag(const uint64_t* flag, uint64_t want, uint64_t timeout_ns, Diagnostic* diag,
-                                          int peer) {
-  uint64_t v = ld_acquire_sys(flag);
-  if (v == want) return;
-  const uint64_t start = globaltimer_ns();
-  while (true) {
-    v = ld_acquire_sys(flag);
-    if (v == want) return;
-    if (globaltimer_ns() - start > timeout_ns) fail_timeout(diag, kPhaseCombineData, peer, v);
-  }
-}
 
 __device__ __forceinline__ void add8(float* acc, const int4& v) {
   const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
@@ -55,24 +41,40 @@ __device__ __forceinline__ int4 pack8(const float* acc) {
 }
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe::MoeState st,
-                                                             moe::CombineIn in, moe::CombineOut out,
-                                                             int send_blocks) {
+extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs args) {
   __shared__ uint64_t peers[kMaxRanks];
-  const int W = a.world, K = a.topk, rank = a.rank;
+  __shared__ unsigned long long refused_bits;
+  const RankArgs& a = args.r;
+  const MoeShape& m = args.m;
+  const MoeState& st = args.st;
+  const CombineIn& in = args.in;
+  const CombineOut& out = args.out;
+  const int send_blocks = args.send_blocks;
+  const int W = a.world, K = m.topk, rank = a.rank;
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
-  if (tid < W) peers[tid] = a.peer_table[tid];
+  const uint64_t seq = op_seq(a);
+  if (tid < W) peers[tid] = a.peers[tid];
+  if (tid == 0) refused_bits = 0;
   __syncthreads();
-  const uint64_t mine = ws_base(a, peers, rank);
-  if (blockIdx.x == 0 && tid < W && tid != rank)
-    st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.enter, rank), encode_signal(a.seq, 0));
-  if (tid < W && tid != rank)
-    wait_signal(slot_ptr(mine, a.ws, a.ws.enter, tid), a.seq, a.timeout_ns, a.diag, kPhaseEnter, tid);
-  __syncthreads();
+  const uint64_t mine = peers[rank];
+  if (blockIdx.x == 0 && tid < W && tid != rank && !gave_up(a.arrivals))
+    signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, 0, args.fingerprint);
+  bool ok = true;
+  if (tid < W && tid != rank) {
+    uint64_t tag = 0;
+    ok = wait_signal(slot_at(mine, a.ws, a.ws.enter, tid), seq, a, kPhaseEnter, tid, nullptr, &tag);
+    // Rank tid combines another dispatch's handle: its rows go nowhere, and the op is reported.
+    if (ok && tag != args.fingerprint) {
+      if (blockIdx.x == 0) report_bad(a.ctl, seq, kBadHandle, tid);
+      atomicOr(&refused_bits, 1ull << tid);
+    }
+  }
+  ok = __syncthreads_and(ok);
+  const uint64_t refused = refused_bits;
 
-  const int64_t maxT = a.max_tokens;
-  const int64_t row = int64_t(a.hidden) * 2;
+  const int64_t maxT = m.max_tokens;
+  const int64_t row = int64_t(m.hidden) * 2;
   const int64_t nvec = row / 16;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   const int64_t first_warp = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + tid / kWarpSize;
@@ -86,15 +88,16 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe
   const int64_t send_warps = split ? int64_t(send_blocks) * (blockDim.x / kWarpSize) : warps;
   const int64_t reduce_warps = split ? warps - send_warps : warps;
   const int64_t reduce_first = split ? first_warp - send_warps : first_warp;
-  const uint64_t flag = flag_value(a.seq);
+  const uint64_t flag = combine_flag(seq);
 
   // 2. send: the rows of other ranks' tokens (received rows minus my own range).
-  for (int64_t j = first_warp; sender && j < num - my_count; j += send_warps) {
+  for (int64_t j = first_warp; ok && sender && j < num - my_count; j += send_warps) {
     const int64_t o = j < my_first ? j : j + my_count;
     const int r = st.recv_src_rank[o];
+    if ((refused >> r) & 1) continue;
     const int64_t slot = int64_t(rank) * maxT + st.recv_src_token[o];
     const uint64_t b = buf_base(a, peers, r);
-    char* dst = reinterpret_cast<char*>(b + uint64_t(a.buf.combine_x)) + slot * row;
+    char* dst = reinterpret_cast<char*>(b + uint64_t(m.buf.combine_x)) + slot * row;
     const char* src = x + o * row;
     for (int64_t base = 0; base < nvec; base += kWarpSize * kSendUnroll) {
       int4 v[kSendUnroll];
@@ -110,43 +113,46 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe
       }
     }
     if (lane < K)
-      reinterpret_cast<float*>(b + uint64_t(a.buf.combine_weights))[slot * K + lane] = wsrc[o * K + lane];
+      reinterpret_cast<float*>(b + uint64_t(m.buf.combine_weights))[slot * K + lane] = wsrc[o * K + lane];
     if (split) {
       __syncwarp();  // every lane's stores of the row come before lane 0's release
-      if (lane == 0)
-        st_release_sys(reinterpret_cast<uint64_t*>(b + uint64_t(moe::combine_flags_offset(a.buf))) + slot, flag);
+      if (lane == 0) st_release_sys(reinterpret_cast<uint64_t*>(b + uint64_t(m.buf.combine_flags)) + slot, flag);
     }
   }
 
   // 3. done.
-  if (last_block_arrived(a.arrivals) && tid < W && tid != rank)
-    st_release_sys(slot_ptr(ws_base(a, peers, tid), a.ws, a.ws.done, rank), encode_signal(a.seq, 0));
-  if (!split && tid < W && tid != rank)
-    wait_signal(slot_ptr(mine, a.ws, a.ws.done, tid), a.seq, a.timeout_ns, a.diag, kPhaseCombineData, tid);
-  if (!split) __syncthreads();
-  if (split && sender) return;
+  if (last_block_arrived(a.arrivals) && tid < W && tid != rank && !gave_up(a.arrivals))
+    signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
+  if (!split) {
+    bool arrived = true;
+    if (tid < W && tid != rank) arrived = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseCombineData, tid);
+    ok = __syncthreads_and(ok && arrived);
+  }
+  if (!ok || (split && sender)) return;
 
   // 4. reduce.
   const int64_t T = in.num_tokens;
   const uint64_t b = buf_base(a, peers, rank);
-  const char* cx = reinterpret_cast<const char*>(b + uint64_t(a.buf.combine_x));
-  const float* cw = reinterpret_cast<const float*>(b + uint64_t(a.buf.combine_weights));
+  const char* cx = reinterpret_cast<const char*>(b + uint64_t(m.buf.combine_x));
+  const float* cw = reinterpret_cast<const float*>(b + uint64_t(m.buf.combine_weights));
   const char* bias0 = reinterpret_cast<const char*>(in.bias0);
   const char* bias1 = reinterpret_cast<const char*>(in.bias1);
   char* ox = reinterpret_cast<char*>(out.x);
-  const uint64_t* flags = reinterpret_cast<const uint64_t*>(b + uint64_t(moe::combine_flags_offset(a.buf)));
+  const uint64_t* flags = reinterpret_cast<const uint64_t*>(b + uint64_t(m.buf.combine_flags));
   for (int64_t t = reduce_first; t < T; t += reduce_warps) {
     const uint64_t mask = st.dest_mask[t];
     if (split) {
+      bool arrived = true;
       if (lane == 0) {
-        uint64_t m = mask & ~(uint64_t(1) << rank);
-        while (m != 0) {
-          const int p = __ffsll(static_cast<long long>(m)) - 1;
-          m &= m - 1;
-          wait_flag(flags + int64_t(p) * maxT + t, flag, a.timeout_ns, a.diag, p);
+        uint64_t mm = mask & ~(uint64_t(1) << rank) & ~refused;  // a refused peer sends no rows
+        while (arrived && mm != 0) {
+          const int p = __ffsll(static_cast<long long>(mm)) - 1;
+          mm &= mm - 1;
+          arrived = wait_until(flags + int64_t(p) * maxT + t, [flag](uint64_t v) { return v == flag; }, a,
+                               kPhaseCombineData, p);
         }
       }
-      __syncwarp();
+      if (__shfl_sync(0xffffffffu, arrived ? 1 : 0, 0) == 0) return;  // gave up: the whole warp stops
     }
     const int64_t local_row = ((mask >> rank) & 1) ? my_first + st.send_slot[t * W + rank] : -1;
     for (int64_t base = 0; base < nvec; base += kWarpSize * kReduceUnroll) {
@@ -156,12 +162,12 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe
 #pragma unroll
         for (int j = 0; j < 8; ++j) acc[u][j] = 0.0f;
       // Two source ranks at a time (in rank order), so that twice the loads are in flight.
-      uint64_t m = mask;
-      while (m != 0) {
-        const int p0 = __ffsll(static_cast<long long>(m)) - 1;
-        m &= m - 1;
-        const int p1 = m != 0 ? __ffsll(static_cast<long long>(m)) - 1 : -1;
-        if (p1 >= 0) m &= m - 1;
+      uint64_t mm = mask;
+      while (mm != 0) {
+        const int p0 = __ffsll(static_cast<long long>(mm)) - 1;
+        mm &= mm - 1;
+        const int p1 = mm != 0 ? __ffsll(static_cast<long long>(mm)) - 1 : -1;
+        if (p1 >= 0) mm &= mm - 1;
         const char* src0 = p0 == rank ? x + local_row * row : cx + (int64_t(p0) * maxT + t) * row;
         const char* src1 = p1 == rank ? x + local_row * row : cx + (int64_t(p1) * maxT + t) * row;
         int4 v0[kReduceUnroll], v1[kReduceUnroll];
@@ -202,10 +208,10 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(moe::MoeArgs a, moe
     }
     if (lane < K) {
       float w = 0.0f;
-      uint64_t m = mask;
-      while (m != 0) {
-        const int p = __ffsll(static_cast<long long>(m)) - 1;
-        m &= m - 1;
+      uint64_t mm = mask;
+      while (mm != 0) {
+        const int p = __ffsll(static_cast<long long>(mm)) - 1;
+        mm &= mm - 1;
         w += p == rank ? wsrc[local_row * K + lane] : cw[(int64_t(p) * maxT + t) * K + lane];
       }
       out.topk_weights[t * K + lane] = w;

@@ -1,14 +1,18 @@
 // Device-side building blocks every rankflow kernel uses: system-scope release/acquire accesses for
-// cross-GPU signals, the global timer, and the bounded signal wait that, instead of hanging the GPU
-// forever when a peer never comes, leaves a Diagnostic in mapped host memory and traps.
-// Signal encodings and slot offsets come from native/src/layout.hpp, shared with the host executor.
+// cross-GPU signals, the global timer, the op's sequence number (graphs: from the device epoch), the
+// bounded signal wait that gives up instead of hanging or trapping, the grid-wide arrival, and the
+// vector copies. Signal layouts and slot offsets come from protocol.hpp, shared with the host executor.
 #pragma once
 
 #include <cstdint>
 
-#include "../native/src/layout.hpp"
+#include "args.hpp"
 
 namespace rankflow::kernels {
+
+using namespace rankflow::kargs;
+
+constexpr int kWarpSize = 32;
 
 // Signals cross GPUs (NVLink) and may sit in host memory (hybrid segments): system scope throughout.
 __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
@@ -16,13 +20,16 @@ __device__ __forceinline__ uint64_t ld_acquire_sys(const uint64_t* p) {
   asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-
+__device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
-
-__device__ __forceinline__ void red_add_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("red.release.sys.global.add.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+__device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 
 // Nanoseconds, the same clock on every GPU of the node (readable without a fence).
@@ -32,50 +39,131 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
   return t;
 }
 
-// The slot `array`[peer] of the workspace that starts at `workspace`.
-__device__ __forceinline__ uint64_t* slot_ptr(uint64_t workspace, const WorkspaceLayout& ws,
-                                              int64_t array, int peer) {
-  return reinterpret_cast<uint64_t*>(workspace + uint64_t(ws.slot(array, peer)));
+// This op's sequence number: the launcher's, or in a captured graph the replay's epoch plus the op's
+// offset (the epoch is advanced by the graph's last node, so every replay is a new collective).
+__device__ __forceinline__ uint64_t op_seq(const RankArgs& a) {
+  return a.epoch != nullptr ? a.seq + *reinterpret_cast<const volatile uint64_t*>(a.epoch) : a.seq;
 }
 
-// Sequence numbers wrap at 2^32: compare by signed distance, as the host executor does (seq_reached).
-__device__ __forceinline__ bool seq_reached(uint64_t v, uint32_t seq) {
-  return int32_t(signal_seq(v) - seq) >= 0;
+// The slot `array`[peer] of the workspace at the start of `window`.
+__device__ __forceinline__ uint64_t* slot_at(uint64_t window, const WorkspaceLayout& ws, int64_t array, int peer) {
+  return reinterpret_cast<uint64_t*>(window + uint64_t(ws.slot(array, peer)));
 }
 
-// Writes the Diagnostic (plain volatile stores: host-mapped memory has no reliable atomics over
-// PCIe) with the code last, makes it visible to the CPU, and traps. The host sees the launch fail
-// (CUDA_ERROR_ILLEGAL_INSTRUCTION or CUDA_ERROR_LAUNCH_FAILED) and reads the record.
-__device__ __noinline__ void fail_timeout(Diagnostic* diag, Phase phase, int peer, uint64_t last) {
-  if (diag != nullptr) {
-    volatile Diagnostic* d = diag;
-    d->phase = phase;
-    d->peer = uint64_t(peer);
-    d->value = last;
-    __threadfence_system();
-    d->code = 1;  // timeout
-    __threadfence_system();
-  }
-  __trap();
+// A signal: the payload, then the sequence number with release (what this thread stored before is
+// visible to whoever acquires the sequence number).
+__device__ __forceinline__ void signal(uint64_t* slot, uint64_t seq, uint64_t payload = 0, uint64_t tag = 0) {
+  st_relaxed_sys(slot + kSignalPayloadWord, payload);
+  st_relaxed_sys(slot + kSignalTagWord, tag);
+  st_release_sys(slot + kSignalSeqWord, seq);
 }
 
-// Spins until the slot's sequence reaches `seq` and returns the value (acquire: what the peer wrote
-// before its release is visible afterwards). After timeout_ns, reports and traps.
-__device__ __forceinline__ uint64_t wait_signal(const uint64_t* slot, uint32_t seq,
-                                                uint64_t timeout_ns, Diagnostic* diag, Phase phase,
-                                                int peer) {
-  uint64_t v = ld_acquire_sys(slot);
-  if (seq_reached(v, seq)) return v;
+// arrivals[0]: the grid-wide arrival count; arrivals[1]: set once any wait of this rank gave up
+// (device memory, so the kernels' own checks cost no PCIe read). Never reset: a rank that gave up is
+// dead for the protocol, and the host refuses its next op.
+__device__ __forceinline__ bool gave_up(const unsigned int* arrivals) {
+  return *reinterpret_cast<const volatile unsigned int*>(arrivals + 1) != 0;
+}
+
+// Records the first timeout in the Control block (plain volatile stores: host-mapped memory has no
+// reliable atomics over PCIe), code last, and makes it visible to the CPU.
+__device__ __noinline__ void record_timeout(Control* ctl, Phase phase, int peer, uint64_t last) {
+  if (ctl == nullptr) return;
+  volatile Control* c = ctl;
+  if (c->diag.code != 0) return;
+  c->diag.phase = phase;
+  c->diag.peer = uint64_t(peer);
+  c->diag.value = last;
+  __threadfence_system();
+  c->diag.code = kDiagTimeout;
+  __threadfence_system();
+}
+
+// Whether to stop waiting: another wait of this rank gave up (device flag), or the main thread raised
+// the rank's abort words (a peer failed, the rank is torn down; a read of mapped host memory, so
+// only every ~2 µs).
+__device__ __forceinline__ bool should_give_up(const RankArgs& a) {
+  if (gave_up(a.arrivals)) return true;
+  if (a.abort == nullptr) return false;
+  const volatile int32_t* w = a.abort;
+  return w[0] != 0 || w[1] != 0;
+}
+
+__device__ __forceinline__ void mark_gave_up(const RankArgs& a) {
+  *reinterpret_cast<volatile unsigned int*>(a.arrivals + 1) = 1u;
+  __threadfence();
+}
+
+// Spins until `done(value)` holds for the word at `p` (acquire); true then. false when it gave up:
+// the CPU raised abort, another wait of this rank gave up, or this one timed out (it records the
+// Diagnostic). Never traps: the kernel finishes, the host reads the Control block.
+template <typename Done>
+__device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const RankArgs& a, Phase phase, int peer) {
+  uint64_t v = ld_acquire_sys(p);
+  if (done(v)) return true;
   const uint64_t start = globaltimer_ns();
+  uint64_t next_check = start;
   while (true) {
-    v = ld_acquire_sys(slot);
-    if (seq_reached(v, seq)) return v;
-    if (globaltimer_ns() - start > timeout_ns) fail_timeout(diag, phase, peer, v);
+    v = ld_acquire_sys(p);
+    if (done(v)) return true;
+    const uint64_t now = globaltimer_ns();
+    if (now >= next_check) {
+      if (should_give_up(a)) break;
+      next_check = now + 2000;
+    }
+    if (now - start > a.timeout_ns) {
+      record_timeout(a.ctl, phase, peer, v);
+      break;
+    }
   }
+  mark_gave_up(a);
+  return false;
 }
 
-// ---- bulk copies shared by allGather and the AGRS puts ----
-constexpr int kWarpSize = 32;
+// Waits for the slot's sequence number to reach `seq`; payload and tag are read after the acquire.
+__device__ __forceinline__ bool wait_signal(const uint64_t* slot, uint64_t seq, const RankArgs& a, Phase phase, int peer,
+                                            uint64_t* payload = nullptr, uint64_t* tag = nullptr) {
+  const bool ok = wait_until(slot + kSignalSeqWord, [seq](uint64_t v) { return seq_reached(v, seq); }, a, phase, peer);
+  if (ok && payload != nullptr) *payload = ld_relaxed_sys(slot + kSignalPayloadWord);
+  if (ok && tag != nullptr) *tag = ld_relaxed_sys(slot + kSignalTagWord);
+  return ok;
+}
+
+// A refused input, reported once per op to the host (the Control block is this rank's alone and its
+// ops are stream-ordered, so a plain check-then-write suffices).
+__device__ __noinline__ void report_bad(Control* ctl, uint64_t seq, int64_t index, int64_t value) {
+  if (ctl == nullptr) return;
+  volatile Control* c = ctl;
+  if (c->bad_seq != 0) return;
+  c->bad_index = index;
+  c->bad_value = value;
+  __threadfence_system();
+  c->bad_seq = seq;
+  __threadfence_system();
+}
+
+// The peers' window bases, in shared memory (every signal and store needs one).
+__device__ __forceinline__ void load_peers(uint64_t* peers, const RankArgs& a) {
+  for (int p = int(threadIdx.x); p < a.world; p += int(blockDim.x)) peers[p] = a.peers[p];
+  __syncthreads();
+}
+
+// Every block calls it after its stores: true in the one block that arrives last, once every block's
+// stores are visible system-wide (a fence each, then a grid-wide count). The count is left at zero
+// for the next launch on the stream. Every thread of a block gets the same answer.
+__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) {
+  __threadfence_system();
+  __syncthreads();
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return false;
+  __threadfence();  // acquire the other blocks' arrivals (their fences came before their atomicAdd)
+  if (threadIdx.x == 0) *arrivals = 0;
+  return true;
+}
+
+// ---- bulk copies ----
 // Independent 16-byte loads in flight per lane before the first store (Hopper: several per thread).
 constexpr int kCopyUnroll = 4;
 constexpr int64_t kCopyChunkBytes = int64_t(kWarpSize) * kCopyUnroll * 16;  // 2 KiB per warp step
@@ -87,6 +175,14 @@ __device__ __forceinline__ int4 ld_nc_v4(const void* p) {
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                : "l"(p));
   return v;
+}
+// Data another agent wrote before a signal we acquired: a plain (coherent) load.
+__device__ __forceinline__ int4 ld_v4(const void* p) { return *static_cast<const int4*>(p); }
+__device__ __forceinline__ void st_v4(void* p, const int4& v) {
+  asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1, %2, %3, %4};"
+               :
+               : "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
 }
 
 // One warp copies chunk `chunk` (kCopyChunkBytes) of `vecs` 16-byte vectors: all loads first, then the
@@ -105,19 +201,8 @@ __device__ __forceinline__ void warp_copy_chunk(int4* out, const int4* in, int64
   }
 }
 
-// Every block calls it after its stores: true in the one block that arrives last, once every block's
-// stores are visible system-wide (a fence each, then a grid-wide count). The count is left at zero
-// for the next launch on the stream. Every thread of a block gets the same answer.
-__device__ __forceinline__ bool last_block_arrived(unsigned* arrivals) {
-  __threadfence_system();
-  __syncthreads();
-  __shared__ bool last;
-  if (threadIdx.x == 0) last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return false;
-  __threadfence();  // acquire the other blocks' arrivals (their fences came before their atomicAdd)
-  if (threadIdx.x == 0) *arrivals = 0;
-  return true;
-}
+// bf16x2 in a 32-bit word -> two floats (exact).
+__device__ __forceinline__ float bf_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
 }  // namespace rankflow::kernels

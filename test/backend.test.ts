@@ -36,10 +36,23 @@ describe.skipIf(probe.available)('without a usable GPU', () => {
 describe('devices', () => {
   test.each([
     [[0], /devices: has 1 entries/],
-    [[0, 0], /devices\[1\]: GPU 0 is given to two ranks/],
     [[0, -1], /devices\[1\]: must be a non-negative integer/],
     ['0,1', /devices: must be an array/],
   ])('%j is refused with EINVAL naming devices', async (devices, message) => {
     await expect(createGroup({ backend: 'host', ranks: 2, buffer, devices: devices as never })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
+  });
+
+  test('a GPU may be named twice: those ranks share it (on host the ordinals are checked, then unused)', async () => {
+    const g = await createGroup({ backend: 'host', ranks: 2, buffer, devices: [0, 0] });
+    try {
+      expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+    } finally {
+      await g.destroy();
+    }
+  });
+
+  test('a GPU named twice in a world is refused: ranks share a GPU only in a group of one process', async () => {
+    await expect(createGroup({ backend: 'host', ranks: 2, buffer, devices: [0, 0], world: { size: 4, rankOffset: 0, rendezvous: 'tcp://127.0.0.1:1' } }))
+      .rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/devices: names a GPU twice in a world/) });
   });
 });

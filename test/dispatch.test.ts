@@ -6,7 +6,7 @@
  * dispatch with a handle, input checks, and the same dispatch from a rank program.
  */
 import { describe, expect, test } from 'vitest';
-import { createGroup, type DispatchResult, type Group, type RankflowError } from '../actors/index.js';
+import { createGroup, type DispatchResult, type Group, type RankflowError, type TransitionEvent } from '../actors/index.js';
 import { loadAddon } from '../actors/core/addon.js';
 import { program, recordTransitions, withGroup } from './helpers/group.js';
 import {
@@ -185,15 +185,14 @@ describe('dispatch: edge cases of routing', () => {
 describe('dispatch: notify counters, CPU sync and phases', () => {
     const cfg: MoeConfig = { worldSize: 3, hidden: 128, topk: 4, numExperts: 6 };
 
-    /** Rank r's workspace slot `array` written by peer p (one 64-byte slot per peer), as a u64. */
-    async function slot(g: Group, r: number, offset: number): Promise<bigint> {
-        const bytes = await g.readWindow(r, offset, 8);
-        return new DataView(bytes.buffer, bytes.byteOffset, 8).getBigUint64(0, true);
+    /** Rank r's workspace slot at `offset` (one 64-byte slot per peer): its sequence number and payload words. */
+    async function slot(g: Group, r: number, offset: number): Promise<{ seq: number; payload: number }> {
+        const bytes = await g.readWindow(r, offset, 16);
+        const v = new DataView(bytes.buffer, bytes.byteOffset, 16);
+        return { seq: Number(v.getBigUint64(0, true)), payload: Number(v.getBigUint64(8, true)) };
     }
-    /** The reference encoding: the op seq in the high 32 bits, -(count + 1) as int32 in the low. */
-    const encoded = (seq: number, count: number): bigint => (BigInt(seq) << 32n) | BigInt((-(count + 1)) >>> 0);
 
-    test('notify writes -(count+1) with the op seq into each receiver: per source rank, and per source and local expert', async () => {
+    test('notify writes each count with the op seq into each receiver: per source rank, and per source and local expert', async () => {
         const inputs = randomInputs(30, cfg, (r) => 10 + r);
         const layout = loadAddon().layout(buffer(cfg), 3).workspace;
         await withGroup({ ranks: 3, buffer: buffer(cfg) }, async (g) => {
@@ -203,24 +202,31 @@ describe('dispatch: notify counters, CPU sync and phases', () => {
                 const got = referenceDispatch(inputs, cfg, r);
                 for (let p = 0; p < 3; p++) {
                     const fromP = got.srcRank.filter((s) => s === p).length;
-                    expect(await slot(g, r, layout.rankCount + p * layout.slotBytes), `rank ${r} rank_count[${p}]`).toBe(encoded(seq, fromP));
+                    expect(await slot(g, r, layout.rankCount + p * layout.slotBytes), `rank ${r} rank_count[${p}]`).toEqual({ seq, payload: fromP });
                     for (let e = 0; e < 2; e++) {
                         let n = 0;
                         got.srcRank.forEach((s, i) => { if (s === p && [0, 1, 2, 3].some((k) => got.topkIdx[i * 4 + k] === e)) n++; });
                         const at = layout.expertCount + (p * 2 + e) * layout.slotBytes;
-                        expect(await slot(g, r, at), `rank ${r} expert_count[${p}][${e}]`).toBe(encoded(seq, n));
+                        expect(await slot(g, r, at), `rank ${r} expert_count[${p}][${e}]`).toEqual({ seq, payload: n });
                     }
                 }
             }
         });
     });
 
-    test('every rank passes dispatching.notify -> dispatching.cpuSync -> dispatching.data -> ready', async () => {
+    test('every rank goes into dispatching and out of it once, the record naming its phases notify, cpuSync, data', async () => {
         const inputs = randomInputs(31, cfg, () => 6);
         await withGroup({ ranks: 3, buffer: buffer(cfg) }, async (g) => {
-            const rec = recordTransitions(g);
+            const seen: TransitionEvent[] = [];
+            g.on('transition', (t) => seen.push(t));
             await g.dispatch(inputs);
-            for (let r = 0; r < 3; r++) expect(rec.paths(r)).toEqual(['dispatching.notify', 'dispatching.cpuSync', 'dispatching.data', 'ready']);
+            for (let r = 0; r < 3; r++) {
+                const mine = seen.filter((t) => t.rank === r);
+                expect(mine[0]).toMatchObject({ from: 'ready', to: 'dispatching.running', op: 'dispatch' });
+                // the CPU-sync wait is a state only while it happens (a peer that was slower than the spin)
+                expect(mine.slice(1, -1).map((t) => t.to).every((to) => to === 'dispatching.cpuSync')).toBe(true);
+                expect(mine[mine.length - 1]).toMatchObject({ to: 'ready', op: 'dispatch', phases: ['notify', 'cpuSync', 'data'] });
+            }
         });
     });
 
@@ -235,7 +241,7 @@ describe('dispatch: notify counters, CPU sync and phases', () => {
             expect(err.message).toMatch(/CPU-sync wait of rank [01] in dispatch notify timed out after 1(\.0+)? s on counter rank_count\[from rank 2\]/);
             // both waiting ranks fail in the CPU sync: by their own timeout, or first told that the other timed out
             for (const r of [0, 1]) {
-                expect(rec.paths(r).slice(0, 3)).toEqual(['dispatching.notify', 'dispatching.cpuSync', 'failed']);
+                expect(rec.paths(r).slice(0, 3)).toEqual(['dispatching.running', 'dispatching.cpuSync', 'failed']);
                 expect(['TIMEOUT_CPU', 'RANK_FAILED']).toContain(g.ranks[r]!.error?.code);
             }
             expect([0, 1].some((r) => g.ranks[r]!.error?.code === 'TIMEOUT_CPU')).toBe(true);
@@ -278,7 +284,7 @@ describe('dispatch: cached mode (handle, no topkIdx)', () => {
         });
     });
 
-    test('skips the notify counters (they keep the first dispatch seq) but still passes through every phase', async () => {
+    test('skips the notify counters (they keep the first dispatch seq) and the CPU sync: only its data phase runs', async () => {
         const inputs = randomInputs(43, cfg, () => 5);
         const layout = loadAddon().layout(buffer(cfg), 4).workspace;
         await withGroup({ ranks: 4, buffer: buffer(cfg, 32) }, async (g) => {
@@ -289,9 +295,10 @@ describe('dispatch: cached mode (handle, no topkIdx)', () => {
             expect((await g.info(0)).seq).toBe(seqFirst + 1);
             for (let p = 0; p < 4; p++) {
                 const bytes = await g.readWindow(0, layout.rankCount + p * layout.slotBytes, 8);
-                expect(Number(new DataView(bytes.buffer, bytes.byteOffset).getBigUint64(0, true) >> 32n)).toBe(seqFirst);
+                expect(Number(new DataView(bytes.buffer, bytes.byteOffset).getBigUint64(0, true))).toBe(seqFirst);
             }
-            for (let r = 0; r < 4; r++) expect(rec.paths(r)).toEqual(['dispatching.notify', 'dispatching.cpuSync', 'dispatching.data', 'ready']);
+            for (let r = 0; r < 4; r++) expect(rec.paths(r)).toEqual(['dispatching.running', 'ready']);
+            for (let r = 0; r < 4; r++) expect(rec.records(r).at(-1)?.phases).toEqual(['data']);
         });
     });
 

@@ -54,7 +54,7 @@ describe('rank.terminate()', () => {
         const g = (group = await createGroup({ ranks: 4, backend: 'host', buffer }));
         const failed = failures(g);
         const entered = new Set<number>();
-        g.on('transition', (t) => { if (t.to === 'barrier.device') entered.add(t.rank); });
+        g.on('transition', (t) => { if (t.to === 'barrier') entered.add(t.rank); });
         const run = g.run(LATE_BARRIER, { late: 1, ms: 60_000 });
         const queued = g.barrier();
         await until(() => entered.size === 3);
@@ -73,7 +73,7 @@ describe('rank.terminate()', () => {
         expect(g.snapshot().map((s) => [s.state, s.error?.code, s.error?.rank])).toEqual([
             ['failed', 'RANK_FAILED', 1], ['failed', 'RANK_FAILED', 1], ['failed', 'RANK_FAILED', 1], ['failed', 'RANK_FAILED', 1],
         ]);
-        expect(g.snapshot().filter((s) => s.rank !== 1).map((s) => s.error?.state)).toEqual(['barrier.device', 'barrier.device', 'barrier.device']);
+        expect(g.snapshot().filter((s) => s.rank !== 1).map((s) => s.error?.state)).toEqual(['barrier', 'barrier', 'barrier']);
     }, 30_000);
 
     test('before a collective: every later collective rejects with RANK_FAILED naming the rank', async () => {
@@ -125,7 +125,7 @@ describe('rank.terminate()', () => {
         await g.ranks[1]!.terminate();
         await until(() => g.ranks[0]!.state === 'failed');
         await g.destroy();
-        expect(path).toEqual(['failed (PEER_FAILED)', 'destroying (DESTROY)', 'destroyed (PHASE_DONE)']);
+        expect(path).toEqual(['failed (PEER_FAILED)', 'destroying (DESTROY)', 'destroyed (DONE)']);
         expectReleased(await settledResources(baseline), baseline);
     }, 30_000);
 });
@@ -148,7 +148,7 @@ describe('a peer that never arrives (host backend timeouts)', () => {
         for (const s of snap.slice(0, 3)) {
             expect(s.state).toBe('failed');
             if (s.error!.code === 'TIMEOUT_GPU') {
-                expect(s.error).toMatchObject({ rank: 3, phase: 'barrier', state: 'barrier.device' });
+                expect(s.error).toMatchObject({ rank: 3, phase: 'barrier', state: 'barrier' });
                 expect(s.error!.message).toContain(`of rank ${s.rank} in barrier`);
             } else {
                 // a waiter told by a peer that timed out before it did
@@ -175,7 +175,7 @@ describe('a peer that never arrives (host backend timeouts)', () => {
         expect(e.message).toMatch(/^CPU-sync wait of rank 0 in barrier \(CPU sync\) timed out after 1 s on counter cpu_barrier\[from rank 1\]/);
         await until(() => failed.length === 2);
         expect(g.snapshot().map((s) => [s.state, s.error?.code, s.error?.rank, s.error?.state])).toEqual([
-            ['failed', 'TIMEOUT_CPU', 1, 'barrier.cpuSync'],
+            ['failed', 'TIMEOUT_CPU', 1, 'barrier'],
             ['failed', 'RANK_FAILED', 0, 'ready'],
         ]);
     }, 30_000);

@@ -1,5 +1,27 @@
-// What a rank worker tells the main thread besides comlink replies (same port, so in order).
+// What the main thread and a rank's worker tell each other besides comlink calls and replies: the
+// worker's init data, and what the worker reports on the same port (so in order with its replies).
 import type { FailureInfo } from '../machines/index.js';
+import type { BufferConfig } from '../actors/core/validate.js';
+
+export interface RankInit {
+  rank: number;
+  worldSize: number;
+  ranksPerNode: number;
+  groupId: string;
+  buffer: BufferConfig;
+  cpuSeconds: number;
+  gpuSeconds: number;
+  inspect: boolean;
+  backend: 'host' | 'cuda';
+  /** cuda: the rank's GPU ordinal, the local ranks on it, and whether to make an NCCL communicator */
+  device?: number;
+  deviceShare?: number;
+  nccl?: boolean;
+  /** the abort words' SharedArrayBuffer (ABORT.bytes): the main thread raises a peer's failure there */
+  abort: SharedArrayBuffer;
+  /** native tuning from actors/core/config.ts (native code reads no environment variable) */
+  tuning: { ceMinBytes: number; cooperative: boolean; ncclHome?: string };
+}
 
 export interface TransitionEvent {
   rank: number;
@@ -13,13 +35,15 @@ export interface TransitionEvent {
   op?: string;
   /** collectives started so far on this rank: equal across ranks for the same collective */
   seq?: number;
+  /** on the transition out of an op: the phases it went through (e.g. notify, cpuSync, data) */
+  phases?: readonly string[];
   /** on failures: the phase that failed, and the error */
   phase?: string;
   error?: FailureInfo;
 }
 
 export type WorkerMessage =
-  | { kind: 'started'; rank: number }
+  | { kind: 'started'; rank: number; abortOffset: number }
   | { kind: 'transition'; transition: TransitionEvent }
   | { kind: 'inspect'; record: Record<string, unknown> }
   /** several of the above, in order: the worker batches what it reports within a millisecond */

@@ -20,8 +20,8 @@ export interface NativeInfo {
   seq: number;
   window: bigint;
   peerWindows: bigint[];
-  /** cuda: the rank's GPU, and whether its NCCL communicator is up */
-  device?: { ordinal: number; name: string; nccl: boolean };
+  /** cuda: the rank's GPU, whether its NCCL communicator is up, its SMs and this rank's share of them */
+  device?: { ordinal: number; name: string; nccl: boolean; sms: number; smShare: number };
   domains: {
     numNvlRanks: number; numRdmaRanks: number; nvlRankIdx: number; rdmaRankIdx: number;
     numScaleupRanks: number; numScaleoutRanks: number; scaleupRankIdx: number; scaleoutRankIdx: number;
@@ -29,80 +29,20 @@ export interface NativeInfo {
   };
 }
 
-/** What dispatchRun settles with: the layout id, the outputs' device addresses, the counts (alloc only). */
-export interface NativeDispatchRun {
-  id: number;
-  x: bigint;
-  scales?: bigint;
-  topkIdx: bigint;
-  topkWeights: bigint;
-  srcRank: bigint;
-  srcToken: bigint;
-  numRecv?: number;
-  tokensPerExpert?: number[];
-}
+/** Dispatch modes of NativeContext.dispatch. */
+export const DISPATCH_HOST = 0;         // host tensors; outputs made natively and returned
+export const DISPATCH_DEVICE_ALLOC = 1; // device tensors; outputs allocated on the rank's GPU after the CPU sync
+export const DISPATCH_IN_BUFFER = 2;    // device tensors; outputs left in the receive buffer, no CPU sync
+/** NativeContext.dispatch's answer when the CPU-sync wait outlasted its spin: call dispatchResume(). */
+export const DISPATCH_PENDING = 1;
 
-export interface NativeContext {
-  exported(): ExportedSegments;
-  importPeers(peers: Array<{ deviceFd: number; hostFd: number }>): Promise<void>;
-  /** cuda: rank 0's NCCL unique id (128 bytes); null on host or where NCCL is unavailable */
-  ncclUniqueId(): Promise<Uint8Array | null>;
-  /** cuda: ncclCommInitRank with rank 0's id (every rank together) */
-  ncclInit(id: Uint8Array): Promise<void>;
-  info(): NativeInfo;
-  writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
-  readWindow(offset: number, length: number): Uint8Array;
-  failPeer(rank: number): void;
-  destroy(): void;
-  barrier(cpuRound: boolean): Promise<void>;
-  allGather(bytes: Uint8Array): Promise<Uint8Array>;
-  dispatchNotify(input: NativeDispatchInput): Promise<number>;
-  dispatchWait(layoutId: number): Promise<{ numRecv: number; tokensPerExpert: number[] }>;
-  dispatchData(layoutId: number, input: NativeDispatchInput, out: NativeDispatchOutput): Promise<void>;
-  dispatchAbandon(layoutId: number): void;
-  /** cuda, device tensors: notify, CPU sync (alloc: outputs allocated natively) or none (outputs in the
-   *  buffer), and data in one executor job; progress(0) after notify, progress(1) once the counts are ready */
-  dispatchRun(input: NativeDispatchInput, opts: { alloc: boolean }, progress: (stage: number) => void): Promise<NativeDispatchRun>;
-  /** the barrier's device round, progress(0), then (cpuRound) its CPU-sync round, in one executor job */
-  barrierRun(cpuRound: boolean, progress: (stage: number) => void): Promise<void>;
-  combine(input: NativeCombineInput, out: { x: Uint16Array; topkWeights: Float32Array }): Promise<void>;
-  sessionOpen(maxBytes: number, maxAllGathers: number): Promise<void>;
-  sessionClose(): Promise<void>;
-  sessionAllGather(bytes: Uint8Array): Promise<Uint8Array>;
-  sessionReduceScatter(input: Float32Array | Uint16Array, bf16: boolean): Promise<Float32Array | Uint16Array>;
-  engramWrite(table: ArrayBufferView, entries: number, rowBytes: number): Promise<void>;
-  engramFetch(ids: Int32Array): Promise<Uint8Array>;
-  ppExchange(bytes: Uint8Array): Promise<Uint8Array>;
-  /** cuda: microseconds per call of `op` (ce, ag, rs-fp32, rs-bf16, pp, engram) on device-resident data, CUDA events */
-  benchAgrs(op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number): Promise<number>;
-  // cuda rank programs (native/src/gpu/moe.cc): device tensors, stream sync, CUDA events, baselines
-  deviceAlloc(bytes: number): bigint;
-  deviceFree(ptr: bigint): void;
-  deviceUpload(ptr: bigint, data: ArrayBufferView): void;
-  deviceDownload(ptr: bigint, bytes: number): Uint8Array;
-  deviceSync(): Promise<void>;
-  eventRecord(): bigint;
-  eventElapsed(start: bigint, end: bigint): Promise<number>;
-  eventDestroy(event: bigint): void;
-  /** ms per ncclAlltoAll of `bytes` per rank (every rank together) */
-  benchAlltoAll(bytes: number, iters: number, warmup: number): Promise<number>;
-  /** ms per copy-engine copy of `bytes` into the next rank's buffer */
-  benchPeerCopy(bytes: number, iters: number, warmup: number): Promise<number>;
-  /** device ms of the last dispatch/combine (events around its launches) */
-  lastOpMs(): number;
-}
+/** Word indices of a context's scratch (native/src/binding/context.hpp). */
+export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, addresses: 8, tokensPerExpert: 16 } as const;
+/** Words of the abort array the main thread writes (native/src/runtime/abort.hpp). */
+export const ABORT = { failedRank: 0, stopping: 1, reasonBytes: 2, words: 4, maxReason: 1024, bytes: 8192 } as const;
 
-export interface NativeDispatchInput {
-  numTokens: number;
-  x: Uint8Array | Uint16Array;
-  xElemBytes: number;
-  scales?: Float32Array;
-  topkIdx?: Int32Array;
-  topkWeights?: Float32Array;
-  expertAlignment: number;
-  handle?: number;
-}
-export interface NativeDispatchOutput {
+/** Host outputs of a dispatch (mode DISPATCH_HOST). */
+export interface NativeDispatchOutputs {
   x: Uint8Array | Uint16Array;
   scales?: Float32Array;
   topkIdx: Int32Array;
@@ -110,27 +50,76 @@ export interface NativeDispatchOutput {
   srcRank: Int32Array;
   srcToken: Int32Array;
 }
-export interface NativeCombineInput {
-  handle: number;
-  x: Uint16Array;
-  topkWeights?: Float32Array;
-  bias0?: Uint16Array;
-  bias1?: Uint16Array;
+
+type TensorArg = ArrayBufferView | bigint | undefined;
+
+/** One rank's native context (native/src/binding/context.cc). Every operation is synchronous. */
+export interface NativeContext {
+  /** Float64Array / BigUint64Array views of it carry small results (SCRATCH) */
+  readonly scratch: ArrayBuffer;
+  /** byte offset of the abort words in the SharedArrayBuffer given to the constructor */
+  readonly abortOffset: number;
+  exported(): ExportedSegments;
+  importPeers(peers: Array<{ deviceFd: number; hostFd: number }>): void;
+  ncclUniqueId(): Uint8Array | null;
+  ncclInit(id: Uint8Array): void;
+  info(): NativeInfo;
+  readWindow(offset: number, length: number): Uint8Array;
+  writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
+  destroy(): void;
+  takeEvicted(): number[];
+  barrier(cpuSync: boolean): void;
+  allGather(input: TensorArg, bytes: number, output: TensorArg): void;
+  /** Host outputs (mode 0), DISPATCH_PENDING, or undefined (device modes: results in the scratch). */
+  dispatch(x: TensorArg, scales: TensorArg, topkIdx: TensorArg, topkWeights: TensorArg, numTokens: number,
+    xElemBytes: number, expertAlignment: number, handle: number, numSms: number, mode: number): NativeDispatchOutputs | number | undefined;
+  dispatchResume(): NativeDispatchOutputs | undefined;
+  /** outX = 0n: outputs allocated on the rank's GPU (addresses in the scratch) */
+  combine(x: TensorArg, topkWeights: TensorArg, bias0: TensorArg, bias1: TensorArg, handle: number, numSms: number,
+    outX: TensorArg, outW: TensorArg, xRows: number): void;
+  sessionOpen(maxBytes: number, maxAllGathers: number): void;
+  sessionClose(): void;
+  sessionAllGather(input: TensorArg, bytes: number, output: TensorArg): void;
+  sessionReduceScatter(input: TensorArg, n: number, bf16: boolean, output: TensorArg): void;
+  engramWrite(table: TensorArg, entries: number, rowBytes: number): void;
+  engramFetch(ids: Int32Array, output: TensorArg): void;
+  ppExchange(input: TensorArg, bytes: number, output: TensorArg): void;
+  // cuda: device memory, streams, events, graphs, baselines
+  deviceAlloc(bytes: number): bigint;
+  deviceFree(ptr: bigint): void;
+  deviceUpload(ptr: bigint, data: ArrayBufferView): void;
+  deviceDownload(ptr: bigint, bytes: number): Uint8Array;
+  deviceSync(): void;
+  eventRecord(): bigint;
+  eventElapsed(start: bigint, end: bigint): number;
+  eventDestroy(event: bigint): void;
+  lastOpMs(): number;
+  benchAlltoAll(bytes: number, iters: number, warmup: number): number;
+  benchPeerCopy(bytes: number, iters: number, warmup: number): number;
+  benchAgrs(op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number): number;
+  captureBegin(): void;
+  /** the graph's id; its op count in the scratch */
+  captureEnd(): bigint;
+  replay(graph: bigint, ops: number): void;
+  graphFree(graph: bigint): void;
+  /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds */
+  occupy(sms: number, ms: number): void;
+  /** fn runs (on the rank's thread) when one of its waits has lasted a millisecond */
+  onSlowWait(fn: () => void): void;
 }
 
 export interface EpLayout {
-  workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'diag' | 'slotBytes' | 'bytes', number>;
-  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineFlags' | 'combineBytes' | 'bytes', number>;
+  workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'slotBytes' | 'seqWord' | 'payloadWord' | 'tagWord' | 'bytes', number>;
+  buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'srcRank' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineFlags' | 'combineBytes' | 'bytes', number>;
   alignment: number;
   sizeHint: number;
 }
 
 export interface Addon {
-  Context: new (config: Record<string, unknown>) => NativeContext;
+  Context: new (config: Record<string, unknown>, abortWords?: Int32Array) => NativeContext;
   layout(ep: { maxTokensPerRank: number; hidden: number; topk: number; numExperts: number; fp8Dispatch?: boolean }, worldSize: number): EpLayout;
-  encodeSignal(seq: number, count: number): bigint;
   alignment: number;
-  cudaProbe?: () => Record<string, unknown>;
+  cudaProbe?: (options?: { ncclHome?: string; pythonPrefixes?: string[] }) => Record<string, unknown>;
   /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace). */
   fdServe(socketPath: string, fds: number[], expectedClients: number, timeoutMs: number): Promise<void>;
   fdFetch(socketPath: string, timeoutMs: number): Promise<number[]>;
@@ -143,7 +132,7 @@ export function loadAddon(): Addon {
   if (addon) return addon;
   if (!existsSync(config.addonPath)) {
     throw new RankflowError('BACKEND_UNAVAILABLE',
-      `the native addon is not built (looked for ${config.addonPath}): run \`npm install\` or \`npm run build\` in the rankflow package`);
+      `the native addon is not built (looked for ${config.addonPath}): its install script did not run; run \`npm rebuild rankflow\` (pnpm: \`pnpm approve-builds\`), or \`npm run build\` in a checkout of rankflow`);
   }
   try {
     addon = createRequire(import.meta.url)(config.addonPath) as Addon;

@@ -17,7 +17,7 @@ export function probeCuda(): CudaProbe {
   const addon = loadAddon();
   if (!addon.cudaProbe) return { available: false, reason: 'this build of the addon has no CUDA backend (no CUDA headers at build time)' };
   try {
-    return addon.cudaProbe() as CudaProbe;
+    return addon.cudaProbe({ ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}), pythonPrefixes: config.pythonPrefixes }) as CudaProbe;
   } catch (e) {
     return { available: false, reason: (e as Error).message };
   }
@@ -39,10 +39,10 @@ export function resolveBackend(requested: 'auto' | Backend | undefined): Backend
     if (!probe.available) throw new RankflowError('BACKEND_UNAVAILABLE', `backend 'cuda' is unavailable: ${probe.reason ?? 'no GPU found'}`);
     return 'cuda';
   }
-  if (probe.available && probe.groups === true) return 'cuda';
-  if (!saidFallback && probe.available) {
+  if (probe.available) return 'cuda';
+  if (!saidFallback && (probe.devices ?? 0) > 0) {
     saidFallback = true;
-    process.emitWarning(`rankflow: GPUs found but this build cannot run groups on them yet; falling back to the host backend`);
+    process.emitWarning(`rankflow: GPUs found but the cuda backend is unavailable (${probe.reason}); falling back to the host backend`);
   }
   return 'host';
 }

@@ -1,6 +1,7 @@
 // Input checks of the public API. Each throws EINVAL naming the argument, before any rank moves:
 // the driver-mode group runs them for every rank first, rank programs run the per-rank ones.
 import { invalid } from './errors.js';
+import { MAX_LIVE_HANDLES, type HandleRegistry } from './handles.js';
 import { checkArray, checkTensor, type Tensor } from './tensor.js';
 
 export interface BufferConfig {
@@ -67,7 +68,7 @@ export function checkBufferConfig(b: unknown, worldSize: number): BufferConfig {
 }
 
 /** Per-rank dispatch checks; returns the number of tokens. */
-export function checkDispatchInput(name: string, input: unknown, cfg: BufferConfig, worldSize: number, rank: number, groupId: string): number {
+export function checkDispatchInput(name: string, input: unknown, cfg: BufferConfig, worldSize: number, rank: number, groupId: string, registry?: HandleRegistry): number {
   if (input === null || typeof input !== 'object') throw invalid(name, 'must be an object { x, topkIdx, topkWeights, ... }');
   const d = input as DispatchInput;
   const fp8 = (d.x as Tensor | undefined)?.dtype === 'fp8e4m3';
@@ -79,7 +80,7 @@ export function checkDispatchInput(name: string, input: unknown, cfg: BufferConf
   const K = cfg.topk;
   if (d.expertAlignment !== undefined) checkPositiveInt(`${name}.expertAlignment`, d.expertAlignment, 1 << 16);
   if (d.handle !== undefined) {
-    checkHandle(`${name}.handle`, d.handle, rank, groupId);
+    checkHandle(`${name}.handle`, d.handle, rank, groupId, registry);
     if (d.handle.numTokens !== T) throw invalid(`${name}.handle`, `was made for ${d.handle.numTokens} tokens, x has ${T}`);
   }
   if (d.topkIdx === undefined && d.handle === undefined) throw invalid(`${name}.topkIdx`, 'is required (or pass a handle of a previous dispatch)');
@@ -108,18 +109,20 @@ export function checkDispatchInput(name: string, input: unknown, cfg: BufferConf
   return T;
 }
 
-export function checkHandle(name: string, h: unknown, rank: number, groupId: string): asserts h is DispatchHandle {
+export function checkHandle(name: string, h: unknown, rank: number, groupId: string, registry?: HandleRegistry): asserts h is DispatchHandle {
   if (h === null || typeof h !== 'object' || typeof (h as DispatchHandle).id !== 'number') throw invalid(name, 'must be the handle a dispatch returned');
   const handle = h as DispatchHandle;
   if (handle.group !== groupId) throw invalid(name, 'belongs to another group');
   if (handle.rank !== rank) throw invalid(name, `belongs to rank ${handle.rank}, not rank ${rank}`);
+  if (registry && !registry.has(h))
+    throw invalid(name, `is not a handle a dispatch of rank ${rank} returned (a copy or a made-up object), or it expired (handles live for the last ${MAX_LIVE_HANDLES} dispatches)`);
 }
 
 /** Per-rank combine checks; returns the bias tensors as a list. */
-export function checkCombineInput(name: string, input: unknown, cfg: BufferConfig, rank: number, groupId: string): Tensor[] {
+export function checkCombineInput(name: string, input: unknown, cfg: BufferConfig, rank: number, groupId: string, registry?: HandleRegistry): Tensor[] {
   if (input === null || typeof input !== 'object') throw invalid(name, 'must be an object { x, handle, ... }');
   const c = input as CombineInput;
-  checkHandle(`${name}.handle`, c.handle, rank, groupId);
+  checkHandle(`${name}.handle`, c.handle, rank, groupId, registry);
   checkTensor(`${name}.x`, c.x, { dtypes: ['bf16'], rank: 2, shape: [c.handle.numRecv, cfg.hidden] });
   if (c.topkWeights !== undefined) {
     checkArray(`${name}.topkWeights`, c.topkWeights, Float32Array, c.handle.numRecv * cfg.topk);

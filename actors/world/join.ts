@@ -34,12 +34,13 @@ export interface JoinedWorld {
   rv: Rendezvous;
 }
 
-interface Payload { fdSocket: string; config: string; withHost: boolean }
+interface Payload { fdSocket: string; config: string; withHost: boolean; gpus: string[] }
 
-export async function joinWorld(w: WorldOptions, local: ExportedSegments[], config: string, timeoutMs: number): Promise<JoinedWorld> {
+/** gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes may share one. */
+export async function joinWorld(w: WorldOptions, local: ExportedSegments[], config: string, timeoutMs: number, gpus: string[] = []): Promise<JoinedWorld> {
   const addon = loadAddon();
   const withHost = local.some((e) => e.hostFd >= 0);
-  const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config, withHost };
+  const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config, withHost, gpus };
   const rv = await rendezvous({ url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: local.length, payload, timeoutMs });
   const received: number[] = [];
   try {
@@ -48,6 +49,11 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
       const theirs = p.payload as Payload;
       if (theirs.config !== config)
         throw invalid('buffer', `differs between processes: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) use ${theirs.config}, this process ${config}`);
+      const shared = p === me ? [] : (Array.isArray(theirs.gpus) ? theirs.gpus : []).filter((g) => gpus.includes(g));
+      if (shared.length > 0 && p.hostId === me.hostId)
+        throw invalid('devices', `GPU ${shared[0]} is used by this process and by ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) of another: ` +
+          'processes must not share a GPU (kernels of different processes time-slice, so one waiting for a peer would crawl); ' +
+          'give each process its own GPUs (CUDA_VISIBLE_DEVICES or devices), or share a GPU between the ranks of one process');
       if (p.hostId !== me.hostId)
         throw new RankflowError('BACKEND_UNAVAILABLE', `the host backend needs every rank on one host: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) are on ${p.hostId}, this process on ${me.hostId} (across machines, NCCL carries the scale-out domain: backend 'cuda')`);
     }

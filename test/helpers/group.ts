@@ -15,12 +15,15 @@ export async function withGroup<T>(opts: Omit<GroupOptions, 'backend'>, fn: (g: 
 }
 
 /** Records every transition of `g` from now on; `paths(r)` lists rank r's states in order. */
-export function recordTransitions(g: Group): { events: TransitionEvent[]; paths: (rank: number) => string[]; clear: () => void } {
+export function recordTransitions(g: Group): {
+    events: TransitionEvent[]; paths: (rank: number) => string[]; records: (rank: number) => TransitionEvent[]; clear: () => void;
+} {
     const events: TransitionEvent[] = [];
     g.on('transition', (t) => events.push(t));
     return {
         events,
         paths: (rank) => events.filter((t) => t.rank === rank).map((t) => t.to),
+        records: (rank) => events.filter((t) => t.rank === rank),
         clear: () => void events.splice(0),
     };
 }

@@ -1,0 +1,69 @@
+// The public result and input types of the operations (API.md), shared by the main thread's group
+// and the ranks' workers, so that neither layer imports the other for its types.
+import type { DeviceTensor } from './device-tensor.js';
+import type { Tensor } from './tensor.js';
+import type { DispatchHandle } from './validate.js';
+
+export interface DispatchResult {
+  x: Tensor;
+  scales?: Tensor;
+  topkIdx: Int32Array;
+  topkWeights: Float32Array;
+  srcRank: Int32Array;
+  srcToken: Int32Array;
+  tokensPerExpert: number[];
+  handle: DispatchHandle;
+}
+
+export interface CombineResult {
+  x: Tensor<'bf16'>;
+  topkWeights: Float32Array;
+}
+
+/**
+ * Dispatch of device tensors (cuda rank programs). With outputsInBuffer the tensors are views of the
+ * receive buffer sized for the worst case (W * maxTokensPerRank rows; the first numRecv are the
+ * tokens; the same views after every dispatch), valid until the next dispatch or combine, and
+ * numRecv/tokensPerExpert are null (no CPU sync) unless the handle's dispatch had a CPU sync.
+ */
+export interface DeviceDispatchResult {
+  x: DeviceTensor;
+  scales?: DeviceTensor<'fp32'>;
+  topkIdx: DeviceTensor<'int32'>;
+  topkWeights: DeviceTensor<'fp32'>;
+  srcRank: DeviceTensor<'int32'>;
+  srcToken: DeviceTensor<'int32'>;
+  numRecv: number | null;
+  tokensPerExpert: number[] | null;
+  handle: DispatchHandle;
+  /** frees every output (no-op for outputs left in the buffer) */
+  free(): void;
+}
+
+export interface DeviceDispatchInput {
+  x: DeviceTensor;
+  scales?: DeviceTensor;
+  topkIdx?: DeviceTensor;
+  topkWeights?: DeviceTensor;
+  expertAlignment?: number;
+  handle?: DispatchHandle;
+}
+
+export interface DeviceCombineInput {
+  x: DeviceTensor;
+  handle: DispatchHandle;
+  topkWeights?: DeviceTensor;
+  bias?: DeviceTensor | DeviceTensor[];
+}
+
+export interface DeviceCombineResult {
+  x: DeviceTensor<'bf16'>;
+  topkWeights: DeviceTensor<'fp32'>;
+}
+
+export interface DeviceOptions {
+  /** dispatch: leave the outputs in the receive buffer, no CPU sync (the kernels' zero-copy path) */
+  outputsInBuffer?: boolean;
+  /** SMs (blocks) of the data/combine kernel; 0 = the rank's share of the GPU */
+  numSms?: number;
+}

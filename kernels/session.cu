@@ -1,0 +1,154 @@
+// The transport of AGRS sessions and pipeline send/recv on GPUs: the same phases, slots and layouts
+// as the host executor (native/src/backends/host/agrs.cc).
+//   rf_signal : one block; thread k writes `value` into slot array[my_rank] of its destination (for
+//               the peers of the ring) and waits until my slot array[p] reached `value` (sources).
+//               The batched write-and-wait of session open/close (seed 6.3), enter and done rounds.
+//   rf_put    : my bytes into peers' windows over NVLink through peer pointers (16-byte vectors,
+//               (peer, chunk) items interleaved), optional enter round first, then done: the last
+//               block signals done[my_rank] to the destinations and waits for the sources' done.
+//   rf_reduce : out[i] = sum over ranks q in rank order of region[q * n + i], fp32 accumulation,
+//               bf16 in -> bf16 out with round to nearest even (rankflow::float_to_bf16).
+// Rings (kargs::Ring): allGather: 1, W-1 both; reduce-scatter: destinations 0, W (me included);
+// pipeline: 1, 1 (next rank / previous rank).
+#include "common.cuh"
+
+using namespace rankflow;
+using namespace rankflow::kernels;
+
+namespace {
+
+__device__ __forceinline__ int ring_dst(int rank, int world, int start, int k) { return (rank + start + k) % world; }
+__device__ __forceinline__ int ring_src(int rank, int world, int start, int k) {
+  return ((rank - start - k) % world + world) % world;
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kMaxRanks) rf_signal(const SignalArgs args) {
+  const RankArgs& a = args.r;
+  const int k = int(threadIdx.x);
+  const int world = a.world, rank = a.rank;
+  const Ring& ring = args.ring;
+  // Everything this GPU wrote before (earlier kernels and copies on the stream) goes out first.
+  __threadfence_system();
+  if (k < ring.dst_count && !gave_up(a.arrivals)) {
+    const int p = ring_dst(rank, world, ring.dst_start, k);
+    if (p != rank) signal(slot_at(a.peers[p], a.ws, args.array, rank), args.value);
+  }
+  if (k < ring.src_count) {
+    const int p = ring_src(rank, world, ring.src_start, k);
+    if (p != rank) wait_signal(slot_at(a.peers[rank], a.ws, args.array, p), args.value, a, Phase(args.phase), p);
+  }
+  __syncthreads();
+}
+
+extern "C" __global__ void __launch_bounds__(256) rf_put(const PutArgs args) {
+  const RankArgs& a = args.r;
+  const int world = a.world, rank = a.rank;
+  const Ring& ring = args.ring;
+  const uint64_t seq = op_seq(a);
+  __shared__ uint64_t peers[kMaxRanks];
+  load_peers(peers, a);
+  bool ok = true;
+  if (args.enter != 0) {
+    if (blockIdx.x == 0 && !gave_up(a.arrivals))
+      for (int k = int(threadIdx.x); k < ring.src_count; k += int(blockDim.x)) {
+        const int p = ring_src(rank, world, ring.src_start, k);
+        if (p != rank) signal(slot_at(peers[p], a.ws, a.ws.enter, rank), seq);
+      }
+    for (int k = int(threadIdx.x); k < ring.dst_count; k += int(blockDim.x)) {
+      const int p = ring_dst(rank, world, ring.dst_start, k);
+      if (p != rank) ok = wait_signal(slot_at(peers[rank], a.ws, a.ws.enter, p), seq, a, kPhaseEnter, p) && ok;
+    }
+  }
+  ok = __syncthreads_and(ok);
+
+  if (ok) {
+    const int64_t bytes = args.bytes;
+    const int64_t chunks = (bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
+    const int64_t items = chunks * ring.dst_count;
+    const int lane = int(threadIdx.x) % kWarpSize;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
+    const int64_t vecs = bytes / 16;
+    for (int64_t item = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; item < items;
+         item += warps) {
+      const int k = int(item % ring.dst_count);
+      const int64_t chunk = item / ring.dst_count;
+      const int p = ring_dst(rank, world, ring.dst_start, k);
+      // Rank p's part of my input (reduce-scatter: chunk p; allGather: src_stride 0).
+      const int4* in = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(args.src) + int64_t(p) * args.src_stride);
+      int4* out = reinterpret_cast<int4*>(peers[p] + uint64_t(args.dst_offset));
+      warp_copy_chunk(out, in, chunk, vecs, lane);
+    }
+  }
+
+  if (!last_block_arrived(a.arrivals) || gave_up(a.arrivals)) return;
+  for (int k = int(threadIdx.x); k < ring.dst_count; k += int(blockDim.x)) {
+    const int p = ring_dst(rank, world, ring.dst_start, k);
+    if (p != rank) signal(slot_at(peers[p], a.ws, a.ws.done, rank), seq);
+  }
+  for (int k = int(threadIdx.x); k < ring.src_count; k += int(blockDim.x)) {
+    const int p = ring_src(rank, world, ring.src_start, k);
+    if (p != rank) wait_signal(slot_at(peers[rank], a.ws, a.ws.done, p), seq, a, Phase(args.phase), p);
+  }
+}
+
+// region: world parts of n elements each (fp32 or bf16), part q from rank q. out: n elements.
+extern "C" __global__ void __launch_bounds__(256) rf_reduce(const ReduceArgs args) {
+  const int64_t n = args.n;
+  const int world = args.world;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (args.bf16 != 0) {
+    const uint16_t* in = static_cast<const uint16_t*>(args.region);
+    uint16_t* o = static_cast<uint16_t*>(args.out);
+    if (n % 8 == 0) {  // 8 bf16 per 16-byte vector
+      const int64_t nv = n / 8;
+      for (int64_t v = first; v < nv; v += stride) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int q = 0; q < world; ++q) {
+          const int4 x = ld_nc_v4(reinterpret_cast<const int4*>(in + int64_t(q) * n) + v);
+          const uint32_t w[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            acc[2 * j] = __fadd_rn(acc[2 * j], bf16_to_float(uint16_t(w[j] & 0xffffu)));
+            acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], bf16_to_float(uint16_t(w[j] >> 16)));
+          }
+        }
+        uint32_t r[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) r[j] = uint32_t(float_to_bf16(acc[2 * j])) | (uint32_t(float_to_bf16(acc[2 * j + 1])) << 16);
+        reinterpret_cast<int4*>(o)[v] = make_int4(int(r[0]), int(r[1]), int(r[2]), int(r[3]));
+      }
+      return;
+    }
+    for (int64_t i = first; i < n; i += stride) {
+      float acc = 0.0f;
+      for (int q = 0; q < world; ++q) acc = __fadd_rn(acc, bf16_to_float(in[int64_t(q) * n + i]));
+      o[i] = float_to_bf16(acc);
+    }
+    return;
+  }
+  const float* in = static_cast<const float*>(args.region);
+  float* o = static_cast<float*>(args.out);
+  if (n % 4 == 0) {
+    const int64_t nv = n / 4;
+    for (int64_t v = first; v < nv; v += stride) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int q = 0; q < world; ++q) {
+        const int4 x = ld_nc_v4(reinterpret_cast<const int4*>(in + int64_t(q) * n) + v);
+        acc.x = __fadd_rn(acc.x, __int_as_float(x.x));
+        acc.y = __fadd_rn(acc.y, __int_as_float(x.y));
+        acc.z = __fadd_rn(acc.z, __int_as_float(x.z));
+        acc.w = __fadd_rn(acc.w, __int_as_float(x.w));
+      }
+      reinterpret_cast<float4*>(o)[v] = acc;
+    }
+    return;
+  }
+  for (int64_t i = first; i < n; i += stride) {
+    float acc = 0.0f;
+    for (int q = 0; q < world; ++q) acc = __fadd_rn(acc, in[int64_t(q) * n + i]);
+    o[i] = acc;
+  }
+}

@@ -1,0 +1,189 @@
+// The CUDA backend of a rank: its GPU's primary context (current on the rank's thread), GPU symmetric
+// memory (the same kinds, windows and flat VA as the host backend), the kernels and their launcher,
+// one stream, the Control block and the dispatch counts' mirror in mapped host memory, the rank's
+// device memory pool, and one NCCL communicator (none where ranks of the process share the GPU:
+// NCCL refuses two ranks on one GPU). backend.cc: lifecycle, waits, device memory; collectives.cc:
+// barrier, allGather, sessions, engram, pipeline; moe.cc: dispatch and combine; graph.cc: CUDA
+// graphs; bench.cc: baselines and benchmarks.
+#pragma once
+
+#include <cuda.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "device.hpp"
+#include "host_workspace.hpp"
+#include "launch.hpp"
+#include "modules.hpp"
+#include "nccl.hpp"
+#include "pool.hpp"
+#include "runtime/context.hpp"
+#include "symmetric.hpp"
+
+namespace rankflow::cuda {
+
+class CudaBackend;
+
+// A block of the rank's device pool, given back when the last owner lets go (layouts, graphs).
+struct DeviceBlock {
+  DeviceBlock(DevicePool& pool, int64_t bytes, const char* what) : pool(pool), ptr(pool.alloc(bytes, what)) {}
+  ~DeviceBlock() {
+    try {
+      pool.free(ptr);
+    } catch (...) {
+    }
+  }
+  DeviceBlock(const DeviceBlock&) = delete;
+  DeviceBlock& operator=(const DeviceBlock&) = delete;
+  DevicePool& pool;
+  CUdeviceptr ptr;
+};
+
+// The device part of one dispatch layout: the routing (made by notify; shared by the cached
+// dispatches that replay it: routing fields of MoeState, then copies of topk_idx and topk_weights)
+// and its own receive part (the rest of MoeState).
+struct CudaLayout final : LayoutState {
+  std::shared_ptr<DeviceBlock> routing, recv;
+  CUdeviceptr idx = 0, weights = 0;  // inside routing: [maxT * K] int32, [maxT * K] fp32
+  bool cached = false;               // made from a handle: the data kernel announces `enter` itself
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(Context& c);
+  ~CudaBackend() override { destroy(); }
+
+  // lifecycle (backend.cc)
+  ExportedSegments exported() const override;
+  void import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) override;
+  std::vector<uint8_t> nccl_unique_id() override;
+  void nccl_init(const std::vector<uint8_t>& id) override;
+  BackendInfo info() const override;
+  void read_window(int64_t offset, int64_t len, uint8_t* out) override;
+  uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
+  void destroy() noexcept override;
+  void check_alive(const char* op) const override;
+
+  // collectives.cc
+  void barrier(uint64_t seq, bool cpu_round, bool wait) override;
+  void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
+  void session_signal(uint64_t enter_seq, uint64_t value, Phase phase) override;
+  void session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) override;
+  void session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) override;
+  void engram_write(uint64_t seq, Mem table, int64_t bytes) override;
+  void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) override;
+  void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
+
+  // moe.cc
+  void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
+  void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;
+  bool dispatch_counts(DispatchLayout& l, bool block) override;
+  void dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) override;
+  void combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) override;
+
+  // device memory, events (backend.cc)
+  uint64_t device_alloc(int64_t bytes) override;
+  void device_free(uint64_t ptr) override;
+  void upload(uint64_t dst, const void* src, int64_t bytes) override;
+  void download(void* dst, uint64_t src, int64_t bytes) override;
+  void sync() override;
+  uint64_t record_event() override;
+  double elapsed_ms(uint64_t start, uint64_t end) override;
+  void destroy_event(uint64_t event) override;
+  double last_op_ms() override;
+
+  // graph.cc
+  void capture_begin(uint64_t seq) override;
+  uint64_t capture_end(uint64_t ops) override;
+  void replay(uint64_t graph, uint64_t seq) override;
+  void free_graph(uint64_t graph) override;
+  bool capturing() const override { return capturing_; }
+  void occupy(int sms, double ms) override;
+
+  // bench.cc
+  double bench_all_to_all(int64_t bytes, int iters, int warmup) override;
+  double bench_peer_copy(int64_t bytes, int iters, int warmup) override;
+  double bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters) override;
+
+ private:
+  int rank() const { return c_.rank(); }
+  int world() const { return c_.world(); }
+  void create();
+
+  // Kernel arguments of op `seq`: relative to the device epoch while a graph is captured.
+  kargs::RankArgs rank_args(uint64_t seq) const;
+  kargs::MoeShape moe_shape() const;
+  kargs::MoeState state_of(const CudaLayout& l) const;
+  CudaLayout& layout_of(DispatchLayout& l) const;
+  kargs::Ring all_ring() const { return kargs::Ring{1, world() - 1, 1, world() - 1}; }
+
+  // Waits (backend.cc). Each polls its condition in the runtime's one wait loop; a raised abort
+  // word is passed on to the kernels (abort_mirror where the GPU cannot read the words itself) and
+  // the wait goes on until the stream drained; then the Control block decides: a recorded timeout
+  // -> TIMEOUT_GPU (the rank's protocol state is gone), an abort -> RANK_FAILED, a refused input ->
+  // EINVAL (the rank stays usable).
+  void wait_stream(const WaitSite& site);
+  void wait_completed(uint64_t seq, const WaitSite& site);
+  template <typename Ready>
+  void wait_device(const WaitSite& site, Ready ready);
+  void check_control(const WaitSite& site);
+  [[noreturn]] void fail_stream(CUresult r);
+  void mark_dead(const std::string& why) const;
+  bool abort_raised() const;
+  void mirror_abort();
+  // Driver-mode staging of host tensors (grown on demand; every driver-mode op waits before it returns).
+  CUdeviceptr staging(int64_t bytes);
+  Mem stage_in(Mem m, int64_t bytes, int64_t at);
+  // An AGRS put: peer pointers below ce_min_bytes per destination, copy engines from there on.
+  void put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
+           kargs::Ring ring, bool enter, Phase phase);
+  void keep_for_graph(const CudaLayout& l);
+
+  Context& c_;
+  int ordinal_ = -1;
+  std::unique_ptr<DeviceContext> dev_;
+  SymmetricMemory mem_;
+  std::unique_ptr<Modules> modules_;
+  std::unique_ptr<Launcher> launch_;
+  CUstream stream_ = nullptr;
+  HostWorkspace host_;                 // Control, then the dispatch counts' mirror
+  Control* ctl_ = nullptr;             // host address
+  CUdeviceptr ctl_dev_ = 0, counts_dev_ = 0;
+  uint64_t* counts_host_ = nullptr;
+  const int32_t* abort_dev_ = nullptr; // the abort words as the GPU reads them
+  void* registered_ = nullptr;         // the abort words' page, registered with cuMemHostRegister
+  CUdeviceptr scratch_ = 0, peers_ = 0, arrivals_ = 0, epoch_ = 0, segments_ = 0;
+  CUdeviceptr stage_ = 0;
+  int64_t stage_bytes_ = 0;
+  int64_t ce_min_bytes_ = 0;
+  ncclComm_t comm_ = nullptr;
+  ncclWindow_t window_ = nullptr;
+  DevicePool pool_;
+  CUevent op_start_ = nullptr, op_end_ = nullptr;
+  int64_t topk_bytes_ = 0;
+  kargs::MoeStateLayout state_layout_;
+  // graphs
+  struct Graph {
+    CUgraph graph = nullptr;
+    CUgraphExec exec = nullptr;
+    uint64_t ops = 0;
+    std::vector<std::shared_ptr<DeviceBlock>> keep;  // layouts' memory the graph's kernels use
+    std::vector<CUdeviceptr> outputs;                // tensors allocated while capturing
+  };
+  bool capturing_ = false;
+  uint64_t capture_base_ = 0;
+  Graph capture_;
+  std::map<uint64_t, Graph> graphs_;
+  uint64_t next_graph_ = 1;
+  uint64_t epoch_value_ = UINT64_MAX;  // what the device epoch holds after the last replay
+  CUstream busy_stream_ = nullptr;
+  mutable bool dead_ = false;
+  mutable std::string death_;
+  bool destroyed_ = false;
+};
+
+}  // namespace rankflow::cuda

@@ -1,0 +1,277 @@
+// Barrier, allGather, AGRS sessions, engram and pipeline on GPUs: the host executor's phases
+// (backends/host/backend.cc, agrs.cc) on the kernels of barrier.cu, all_gather.cu, session.cu and
+// engram.cu. Host tensors (driver mode) are staged through device memory and the op waits for its
+// stream before it returns; device tensors (rank programs) are enqueued, and only what must be waited
+// for on the CPU is (a barrier's completion, a copy back to the host).
+#include "backend.hpp"
+#include "driver.hpp"
+#include "faults.hpp"
+
+namespace rankflow::cuda {
+
+namespace {
+CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
+}  // namespace
+
+void CudaBackend::barrier(uint64_t seq, bool cpu_round, bool wait) {
+  kargs::BarrierArgs a;
+  a.r = rank_args(seq);
+  a.array = c_.ws.barrier;
+  a.phase = kPhaseBarrier;
+  a.complete = wait ? 1 : 0;
+  translating(rank(), [&] { launch_->barrier(stream_, a); });
+  if (!wait) return;
+  wait_completed(seq, WaitSite{kPhaseBarrier, -1, "barrier"});
+  if (!cpu_round) return;
+  // The CPUs' round under the same seq: each CPU writes cpu_barrier into every peer's window (device
+  // memory, through the driver) and polls its own slots, with the CPU timeout.
+  translating(rank(), [&] {
+    const uint64_t v = seq;  // the slot's sequence number; this round carries no payload
+    for (int p = 0; p < world(); ++p)
+      if (p != rank())
+        RF_CU(cuMemcpyHtoD, mem_.peer_base(p) + CUdeviceptr(c_.ws.slot(c_.ws.cpu_barrier, rank())), &v, sizeof v);
+  });
+  for (int p = 0; p < world(); ++p) {
+    if (p == rank()) continue;
+    const CUdeviceptr at = mem_.window() + CUdeviceptr(c_.ws.slot(c_.ws.cpu_barrier, p));
+    uint64_t v = 0;
+    wait_until(c_.rules, WaitSite{kPhaseCpuBarrier, p, "cpu_barrier"}, WaitKind::Cpu, [&] {
+      translating(rank(), [&] { RF_CU(cuMemcpyDtoH, &v, at, sizeof v); });
+      return seq_reached(v, seq);
+    }, [&] { return v; });
+  }
+}
+
+void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  const int W = world();
+  // The kernel moves 16-byte vectors: each rank's part is padded to 16 bytes in the buffer, and a host
+  // (or unaligned) input is staged right behind the W gathered parts.
+  const int64_t padded = align_up(bytes > 0 ? bytes : 16, 16);
+  const int64_t gather = c_.ws.bytes;  // window offset of the buffer
+  const int64_t staging_at = gather + align_up(padded * W, kRegionAlignment);
+  RF_CHECK(staging_at + padded <= c_.sym_bytes, "EINVAL",
+           "allGather of " + std::to_string(bytes) + " bytes per rank on cuda needs " +
+               std::to_string(staging_at + padded - gather) + " buffer bytes (" + std::to_string(W) +
+               " parts padded to 16 bytes and a staging area); the buffer has " + std::to_string(c_.buffer_bytes()) +
+               " (raise buffer.bytes)");
+  const bool direct = in.device && bytes == padded && (reinterpret_cast<uintptr_t>(in.ptr) & 15) == 0;
+  translating(rank(), [&] {
+    CUdeviceptr src = dev(in.ptr);
+    if (!direct) {
+      src = mem_.window() + CUdeviceptr(staging_at);
+      if (bytes > 0) {
+        if (in.device) RF_CU(cuMemcpyAsync, src, dev(in.ptr), size_t(bytes), stream_);
+        else RF_CU(cuMemcpyHtoDAsync, src, in.ptr, size_t(bytes), stream_);
+      }
+      if (padded > bytes) RF_CU(cuMemsetD8Async, src + CUdeviceptr(bytes), 0, size_t(padded - bytes), stream_);
+    }
+    kargs::AllGatherArgs a;
+    a.r = rank_args(seq);
+    a.src = reinterpret_cast<const void*>(src);
+    a.bytes = padded;
+    a.dst_offset = gather;
+    launch_->all_gather(stream_, a);
+    if (out.device) {  // stream-ordered copies out of the buffer (it is reused by the next op)
+      const CUdeviceptr o = dev(out.ptr), g = mem_.window() + CUdeviceptr(gather);
+      if (bytes == 0) return;
+      if (padded == bytes) RF_CU(cuMemcpyAsync, o, g, size_t(bytes * W), stream_);
+      else
+        for (int p = 0; p < W; ++p)
+          RF_CU(cuMemcpyAsync, o + CUdeviceptr(p * bytes), g + CUdeviceptr(p * padded), size_t(bytes), stream_);
+    }
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhaseAllGather, -1, "done"});
+  translating(rank(), [&] {
+    if (bytes == 0) return;
+    auto* o = out.as<uint8_t>();
+    if (padded == bytes) {
+      RF_CU(cuMemcpyDtoH, o, mem_.window() + CUdeviceptr(gather), size_t(bytes * W));
+      return;
+    }
+    for (int p = 0; p < W; ++p)
+      RF_CU(cuMemcpyDtoH, o + int64_t(p) * bytes, mem_.window() + CUdeviceptr(gather + int64_t(p) * padded), size_t(bytes));
+  });
+}
+
+void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
+                      kargs::Ring ring, bool enter, Phase phase) {
+  const int W = world();
+  const bool aligned = bytes % 16 == 0 && src % 16 == 0 && src_stride % 16 == 0 && dst_offset % 16 == 0;
+  if (aligned && bytes < ce_min_bytes_) {
+    kargs::PutArgs p;
+    p.r = a;
+    p.src = reinterpret_cast<const void*>(src);
+    p.src_stride = src_stride;
+    p.bytes = bytes;
+    p.dst_offset = dst_offset;
+    p.ring = ring;
+    p.enter = enter ? 1 : 0;
+    p.phase = phase;
+    launch_->put(stream_, p);
+    return;
+  }
+  // Copy engines: enter (announce to my sources, wait for my destinations: the reverse ring), the
+  // copies into the peers' windows, then done.
+  kargs::SignalArgs s;
+  s.r = a;
+  if (enter) {
+    s.array = c_.ws.enter;
+    s.value = a.seq;
+    s.ring = kargs::Ring{W - ring.src_start % W, ring.src_count, W - ring.dst_start % W, ring.dst_count};
+    s.phase = kPhaseEnter;
+    launch_->signal(stream_, s);
+  }
+  if (bytes > 0)
+    for (int k = 0; k < ring.dst_count && k < W; ++k) {
+      const int p = (rank() + ring.dst_start + k) % W;
+      RF_CU(cuMemcpyAsync, mem_.peer_base(p) + CUdeviceptr(dst_offset), src + CUdeviceptr(p * src_stride), size_t(bytes),
+            stream_);
+    }
+  s.array = c_.ws.done;
+  s.value = a.seq;
+  s.ring = ring;
+  s.phase = phase;
+  launch_->signal(stream_, s);
+}
+
+void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
+  translating(rank(), [&] {
+    kargs::SignalArgs s;
+    s.r = rank_args(enter_seq != 0 ? enter_seq : c_.seq);
+    s.ring = all_ring();
+    s.phase = phase;
+    if (enter_seq != 0) {
+      s.array = c_.ws.enter;
+      s.value = enter_seq;
+      launch_->signal(stream_, s);
+    }
+    s.array = c_.ws.session;
+    s.value = value;
+    launch_->signal(stream_, s);
+  });
+  wait_stream(WaitSite{phase, -1, "session"});
+}
+
+void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
+  const int W = world();
+  const int64_t region = c_.ws.bytes + at;                // window offset of this collective's region
+  const int64_t mine = region + int64_t(rank()) * bytes;  // my part, in every rank's window
+  translating(rank(), [&] {
+    // My part goes straight into my own slot of the region; from there to every peer's.
+    if (bytes > 0) {
+      if (in.device) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(mine), dev(in.ptr), size_t(bytes), stream_);
+      else RF_CU(cuMemcpyHtoDAsync, mem_.window() + CUdeviceptr(mine), in.ptr, size_t(bytes), stream_);
+    }
+    put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false,
+        kPhaseSessionGather);
+    if (out.device && bytes > 0)
+      RF_CU(cuMemcpyAsync, dev(out.ptr), mem_.window() + CUdeviceptr(region), size_t(bytes * W), stream_);
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhaseSessionGather, -1, "done"});
+  if (bytes > 0)
+    translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, mem_.window() + CUdeviceptr(region), size_t(bytes * W)); });
+}
+
+void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) {
+  const int W = world();
+  const int64_t chunk = n * (bf16 ? 2 : 4);
+  const int64_t region = c_.ws.bytes + at;
+  translating(rank(), [&] {
+    // My W chunks on the device (staged when they come from the host); chunk q goes to rank q's
+    // region at my rank's slot.
+    const CUdeviceptr stage = staging(chunk * W + chunk);
+    CUdeviceptr src = dev(in.ptr);
+    if (!in.device || (src & 15) != 0) {
+      if (chunk > 0) {
+        if (in.device) RF_CU(cuMemcpyAsync, stage, src, size_t(chunk * W), stream_);
+        else RF_CU(cuMemcpyHtoDAsync, stage, in.ptr, size_t(chunk * W), stream_);
+      }
+      src = stage;
+    }
+    put(rank_args(seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
+        kPhaseSessionReduce);
+    kargs::ReduceArgs r;
+    r.region = reinterpret_cast<const void*>(mem_.window() + CUdeviceptr(region));
+    r.n = n;
+    r.world = W;
+    r.bf16 = bf16 ? 1 : 0;
+    r.out = out.device ? out.ptr : reinterpret_cast<void*>(stage + CUdeviceptr(chunk * W));
+    launch_->reduce(stream_, r);
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhaseSessionReduce, -1, "done"});
+  if (chunk > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, stage_ + CUdeviceptr(chunk * W), size_t(chunk)); });
+}
+
+void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
+  translating(rank(), [&] {
+    kargs::SignalArgs s;
+    s.r = rank_args(seq);
+    s.ring = all_ring();
+    // Peers may still be fetching from the previous table: overwrite only once all of them moved on.
+    s.array = c_.ws.enter;
+    s.value = seq;
+    s.phase = kPhaseEnter;
+    launch_->signal(stream_, s);
+    if (bytes > 0) {
+      if (table.device) RF_CU(cuMemcpyAsync, mem_.host_segment(rank()), dev(table.ptr), size_t(bytes), stream_);
+      else RF_CU(cuMemcpyHtoDAsync, mem_.host_segment(rank()), table.ptr, size_t(bytes), stream_);
+    }
+    s.array = c_.ws.done;
+    s.phase = kPhaseEngram;
+    launch_->signal(stream_, s);
+  });
+  wait_stream(WaitSite{kPhaseEngram, -1, "done"});
+}
+
+void CudaBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) {
+  if (n == 0) return;
+  const int64_t ids_bytes = align_up(n * 4, kRegionAlignment);
+  translating(rank(), [&] {
+    const CUdeviceptr stage = staging(ids_bytes + (out.device ? 0 : n * row_bytes));
+    CUdeviceptr id = dev(ids.ptr);
+    if (!ids.device) {
+      RF_CU(cuMemcpyHtoDAsync, stage, ids.ptr, size_t(n * 4), stream_);
+      id = stage;
+    }
+    kargs::FetchArgs f;
+    f.segments = reinterpret_cast<const uint64_t*>(segments_);
+    f.ids = reinterpret_cast<const int32_t*>(id);
+    f.n = n;
+    f.entries = entries;
+    f.row_bytes = row_bytes;
+    f.out = out.device ? out.as<uint8_t>() : reinterpret_cast<uint8_t*>(stage + CUdeviceptr(ids_bytes));
+    launch_->engram_fetch(stream_, f);
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhaseEngram, -1, "fetch"});
+  translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, stage_ + CUdeviceptr(ids_bytes), size_t(n * row_bytes)); });
+}
+
+void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  const int64_t at = c_.ws.bytes;
+  translating(rank(), [&] {
+    CUdeviceptr src = dev(in.ptr);
+    if (!in.device || (src & 15) != 0 || bytes % 16 != 0) {
+      const CUdeviceptr stage = staging(bytes);
+      if (bytes > 0) {
+        if (in.device) RF_CU(cuMemcpyAsync, stage, src, size_t(bytes), stream_);
+        else RF_CU(cuMemcpyHtoDAsync, stage, in.ptr, size_t(bytes), stream_);
+      }
+      src = stage;
+    }
+    if (world() == 1) {
+      if (bytes > 0) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(at), src, size_t(bytes), stream_);
+    } else {
+      put(rank_args(seq), src, 0, bytes, at, kargs::Ring{1, 1, 1, 1}, true, kPhasePipeline);
+    }
+    if (out.device && bytes > 0) RF_CU(cuMemcpyAsync, dev(out.ptr), mem_.window() + CUdeviceptr(at), size_t(bytes), stream_);
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhasePipeline, -1, "done"});
+  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, mem_.window() + CUdeviceptr(at), size_t(bytes)); });
+}
+
+}  // namespace rankflow::cuda

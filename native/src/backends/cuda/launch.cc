@@ -1,0 +1,195 @@
+// The launch runtime (launch.hpp): argument checks, grid shapes, and cuLaunchKernelEx.
+#include "launch.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "driver.hpp"
+
+namespace rankflow::cuda {
+
+namespace {
+
+constexpr int kNotifyThreads = 1024;  // rf_dispatch_notify's __launch_bounds__
+constexpr int kDataThreads = 512;     // rf_dispatch_data's and rf_combine's
+constexpr int kCopyThreads = 256;     // rf_all_gather's and rf_put's
+constexpr int kSignalThreads = kMaxRanks;
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+void check_rank(const kargs::RankArgs& a, const char* op) {
+  RF_CUDA_REQUIRE(a.peers != nullptr, std::string(op) + ": no peer table.");
+  RF_CUDA_REQUIRE(a.world >= 1 && a.world <= kMaxRanks && a.rank >= 0 && a.rank < a.world && a.ws.world_size == a.world,
+                  std::string(op) + ": rank " + std::to_string(a.rank) + " of world " + std::to_string(a.world) +
+                      " is out of range (or the workspace layout is for another world).");
+  RF_CUDA_REQUIRE(a.seq != 0 || a.epoch != nullptr, std::string(op) + ": sequence 0 is reserved (an untouched slot).");
+  RF_CUDA_REQUIRE(a.arrivals != nullptr, std::string(op) + ": no arrival words.");
+}
+
+void check_moe(const kargs::RankArgs& a, const kargs::MoeShape& m, const char* op) {
+  check_rank(a, op);
+  RF_CUDA_REQUIRE(m.topk >= 1 && m.topk <= 32, std::string(op) + ": topk must be 1..32 (a lane per entry).");
+  RF_CUDA_REQUIRE(m.experts_per_rank >= 1 && m.num_experts == m.experts_per_rank * a.world,
+                  std::string(op) + ": numExperts must be a positive multiple of the world size.");
+  RF_CUDA_REQUIRE(m.hidden > 0 && m.hidden % 8 == 0, std::string(op) + ": hidden must be a multiple of 8 (16-byte bf16 row vectors).");
+}
+
+}  // namespace
+
+Launcher::Launcher(const KernelSet& k, int sm_count, int share, bool cooperative)
+    : k_(k), sm_count_(std::max(1, sm_count)), share_(std::max(1, share)), cooperative_(cooperative) {}
+
+int Launcher::occupancy(CUfunction f, int threads, int smem) const {
+  const auto key = std::make_pair(f, smem);
+  const auto it = occupancy_.find(key);
+  if (it != occupancy_.end()) return it->second;
+  int n = 0;
+  RF_CU_FOR("occupancy of a kernel", cuOccupancyMaxActiveBlocksPerMultiprocessor, &n, f, threads, size_t(smem));
+  n = std::max(1, n);
+  occupancy_[key] = n;
+  return n;
+}
+
+int Launcher::grid_for(CUfunction f, int threads, int smem, int requested) const {
+  const int capacity = std::max(1, occupancy(f, threads, smem) * sm_count_ / share_);
+  const int wanted = requested > 0 ? requested : std::max(1, sm_count_ / share_);
+  return std::max(1, std::min(wanted, capacity));
+}
+
+template <typename Args>
+void Launcher::launch(CUfunction f, const char* what, int grid, int block, int smem, CUstream s, const Args& args,
+                      bool cooperative) const {
+  CUlaunchConfig cfg = {};
+  cfg.gridDimX = unsigned(grid);
+  cfg.gridDimY = cfg.gridDimZ = 1;
+  cfg.blockDimX = unsigned(block);
+  cfg.blockDimY = cfg.blockDimZ = 1;
+  cfg.sharedMemBytes = unsigned(smem);
+  cfg.hStream = s;
+  CUlaunchAttribute attr = {};
+  attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+  attr.value.cooperative = 1;
+  if (cooperative && cooperative_) {
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  Args copy = args;  // cuLaunchKernelEx reads the parameter at the call
+  void* params[] = {&copy};
+  RF_CU_FOR(what, cuLaunchKernelEx, &cfg, f, params, nullptr);
+}
+
+void Launcher::barrier(CUstream s, const kargs::BarrierArgs& a) const {
+  check_rank(a.r, "barrier");
+  launch(k_.barrier, "barrier", 1, kSignalThreads, 0, s, a, false);
+}
+
+void Launcher::all_gather(CUstream s, const kargs::AllGatherArgs& a) const {
+  check_rank(a.r, "allGather");
+  RF_CUDA_REQUIRE(a.bytes > 0 && a.bytes % 16 == 0 && aligned16(a.src) && a.dst_offset % 16 == 0,
+                  "allGather: bytes (" + std::to_string(a.bytes) +
+                      "), the source address and the destination offset must be multiples of 16; pad the rows.");
+  // Below 256 KiB per block, more blocks only add arrivals.
+  constexpr int64_t kBytesPerBlock = int64_t(256) << 10;
+  const int want = int(std::min<int64_t>(sm_count_, (a.bytes * a.r.world + kBytesPerBlock - 1) / kBytesPerBlock));
+  launch(k_.all_gather, "allGather", grid_for(k_.all_gather, kCopyThreads, 0, std::max(1, want)), kCopyThreads, 0, s, a, true);
+}
+
+void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
+  check_moe(a.r, a.m, "dispatch notify");
+  RF_CUDA_REQUIRE(a.num_tokens >= 0 && a.num_tokens <= a.m.max_tokens,
+                  "dispatch: x has " + std::to_string(a.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
+                      std::to_string(a.m.max_tokens) + ")");
+  RF_CUDA_REQUIRE(a.num_tokens == 0 || a.topk_idx != nullptr, "dispatch notify: no topkIdx.");
+  // Shared memory: a routing mask per token, then a count per expert.
+  const int64_t smem = a.num_tokens * 8 + int64_t(a.m.num_experts) * 4;
+  constexpr int64_t kMaxSmem = 200 * 1024;
+  RF_CUDA_REQUIRE(smem <= kMaxSmem, "dispatch notify: " + std::to_string(a.num_tokens) + " tokens and " +
+                                        std::to_string(a.m.num_experts) +
+                                        " experts need more shared memory than one block has; use fewer tokens per "
+                                        "dispatch (maxTokensPerRank up to about 24000).");
+  if (smem > 48 * 1024)
+    RF_CU_FOR("dispatch notify shared memory", cuFuncSetAttribute, k_.notify, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+              int(smem));
+  launch(k_.notify, "dispatch notify", 1, kNotifyThreads, int(smem), s, a, false);
+}
+
+void Launcher::dispatch_data(CUstream s, const kargs::DispatchArgs& a, int num_sms) const {
+  check_moe(a.r, a.m, "dispatch");
+  const auto& in = a.in;
+  const auto& out = a.out;
+  RF_CUDA_REQUIRE(in.num_tokens >= 0 && in.num_tokens <= a.m.max_tokens,
+                  "dispatch: x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank");
+  RF_CUDA_REQUIRE(in.x_elem_bytes == 1 || in.x_elem_bytes == 2, "dispatch: x must be bf16 (2 bytes) or fp8 (1 byte).");
+  RF_CUDA_REQUIRE((int64_t(a.m.hidden) * in.x_elem_bytes) % 16 == 0, "dispatch: x rows must be a multiple of 16 bytes.");
+  RF_CUDA_REQUIRE(aligned16(in.x) && aligned16(out.x), "dispatch: x and out.x must be 16-byte aligned.");
+  RF_CUDA_REQUIRE(in.scales == nullptr || a.m.buf.scales_per_token > 0,
+                  "dispatch: scales given but the buffer was made without fp8 (no scales region).");
+  RF_CUDA_REQUIRE(in.num_tokens == 0 || (in.x != nullptr && in.topk_idx != nullptr && in.topk_weights != nullptr),
+                  "dispatch: x, topkIdx and topkWeights are required.");
+  const bool any = out.x || out.scales || out.topk_idx || out.topk_weights || out.src_rank || out.src_token;
+  const bool all = out.x && out.topk_idx && out.topk_weights && out.src_rank && out.src_token &&
+                   (in.scales == nullptr || out.scales != nullptr);
+  RF_CUDA_REQUIRE(!any || all, "dispatch: give every output (scales only with scales in) or none (outputs stay in the buffer).");
+  launch(k_.dispatch_data, "dispatch data", grid_for(k_.dispatch_data, kDataThreads, 0, num_sms), kDataThreads, 0, s, a,
+         true);
+}
+
+void Launcher::combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_blocks) const {
+  check_moe(a.r, a.m, "combine");
+  RF_CUDA_REQUIRE(a.in.num_tokens >= 0 && a.in.num_tokens <= a.m.max_tokens, "combine: num_tokens out of range.");
+  RF_CUDA_REQUIRE(aligned16(a.in.x) && aligned16(a.in.bias0) && aligned16(a.in.bias1) && aligned16(a.out.x),
+                  "combine: x, the biases and out.x must be 16-byte aligned.");
+  RF_CUDA_REQUIRE(a.in.num_tokens == 0 || (a.out.x != nullptr && a.out.topk_weights != nullptr),
+                  "combine: out.x and out.topkWeights are required.");
+  const int blocks = grid_for(k_.combine, kDataThreads, 0, num_sms);
+  int split = send_blocks < 0 ? std::max(1, blocks / 3) : send_blocks;  // 1/3: best at 24 and 132 SMs
+  const bool flags_fit = a.m.buf.combine_flags + a.m.buf.slots * 8 <= a.m.buf.bytes;
+  if (blocks < 2 || a.r.world < 2 || !flags_fit) split = 0;
+  a.send_blocks = std::min(split, blocks - 1);
+  launch(k_.combine, "combine", blocks, kDataThreads, 0, s, a, true);
+}
+
+void Launcher::signal(CUstream s, const kargs::SignalArgs& a) const {
+  RF_CUDA_REQUIRE(a.value != 0, "signal: value 0 is reserved (an untouched slot).");
+  launch(k_.signal, "signal", 1, kSignalThreads, 0, s, a, false);
+}
+
+void Launcher::put(CUstream s, const kargs::PutArgs& a) const {
+  check_rank(a.r, "put");
+  RF_CUDA_REQUIRE(a.bytes % 16 == 0 && aligned16(a.src) && a.src_stride % 16 == 0 && a.dst_offset % 16 == 0,
+                  "put: bytes (" + std::to_string(a.bytes) + "), source, stride and destination must be multiples of 16.");
+  // 32 KiB per block: 1 MiB already spreads over 32 SMs (256 KiB per block left 1-4 MiB puts
+  // latency-bound at 59-227 GB/s in the first bench run).
+  constexpr int64_t kBytesPerBlock = int64_t(32) << 10;
+  const int64_t total = a.bytes * std::max(1, a.ring.dst_count);
+  const int want = int(std::max<int64_t>(1, std::min<int64_t>(sm_count_, (total + kBytesPerBlock - 1) / kBytesPerBlock)));
+  launch(k_.put, "put", grid_for(k_.put, kCopyThreads, 0, want), kCopyThreads, 0, s, a, true);
+}
+
+void Launcher::reduce(CUstream s, const kargs::ReduceArgs& a) const {
+  if (a.n <= 0) return;
+  const int64_t per = a.bf16 ? (a.n % 8 == 0 ? a.n / 8 : a.n) : (a.n % 4 == 0 ? a.n / 4 : a.n);
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count_) * 8, (per + 255) / 256)));
+  launch(k_.reduce, "reduce", blocks, 256, 0, s, a, false);
+}
+
+void Launcher::engram_fetch(CUstream s, const kargs::FetchArgs& a) const {
+  if (a.n <= 0) return;
+  const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count_) * 8, (a.n + 7) / 8)));
+  launch(k_.fetch, "engram fetch", blocks, 256, 0, s, a, false);
+}
+
+void Launcher::epoch_advance(CUstream s, const kargs::EpochArgs& a) const {
+  launch(k_.epoch_advance, "epoch advance", 1, 32, 0, s, a, false);
+}
+
+void Launcher::busy(CUstream s, const kargs::BusyArgs& a, int blocks) const {
+  CUdevice dev = 0;
+  RF_CU(cuCtxGetDevice, &dev);
+  int optin = 0;
+  RF_CU(cuDeviceGetAttribute, &optin, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, dev);
+  RF_CU_FOR("busy kernel shared memory", cuFuncSetAttribute, k_.busy, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, optin);
+  launch(k_.busy, "busy", std::max(1, blocks), 1024, optin, s, a, false);
+}
+
+}  // namespace rankflow::cuda

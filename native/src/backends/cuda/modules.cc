@@ -1,0 +1,63 @@
+// Modules: embedded fatbins -> CUmodule -> CUfunction, for every kernel of kernels/.
+#include "modules.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "driver.hpp"
+#include "kernel_images.hpp"
+
+namespace rankflow::cuda {
+
+const KernelImage* find_kernel_image(const char* name) {
+  std::size_t count = 0;
+  const KernelImage* images = kernel_images(&count);
+  for (std::size_t i = 0; i < count; ++i)
+    if (std::strcmp(images[i].name, name) == 0) return &images[i];
+  return nullptr;
+}
+
+Modules::Modules() {
+  try {
+    k_.barrier = entry(load("barrier"), "barrier", "rf_barrier");
+    k_.all_gather = entry(load("all_gather"), "all_gather", "rf_all_gather");
+    const CUmodule dispatch = load("dispatch");
+    k_.notify = entry(dispatch, "dispatch", "rf_dispatch_notify");
+    k_.dispatch_data = entry(dispatch, "dispatch", "rf_dispatch_data");
+    k_.combine = entry(load("combine"), "combine", "rf_combine");
+    const CUmodule session = load("session");
+    k_.signal = entry(session, "session", "rf_signal");
+    k_.put = entry(session, "session", "rf_put");
+    k_.reduce = entry(session, "session", "rf_reduce");
+    k_.fetch = entry(load("engram"), "engram", "rf_engram_fetch");
+    k_.epoch_advance = entry(load("graph"), "graph", "rf_epoch_advance");
+    k_.busy = entry(load("busy"), "busy", "rf_busy");
+  } catch (...) {
+    for (CUmodule m : modules_) driver().cuModuleUnload(m);
+    throw;
+  }
+}
+
+Modules::~Modules() {
+  // Unload errors (a context that faulted) cannot be acted on here.
+  for (CUmodule m : modules_) driver().cuModuleUnload(m);
+}
+
+CUmodule Modules::load(const char* image) {
+  const KernelImage* k = find_kernel_image(image);
+  if (k == nullptr)
+    throw CudaError("BACKEND_UNAVAILABLE", "",
+                    std::string("the CUDA kernel '") + image + "' is not in this build: kernels " + kernel_build_note() + ".");
+  CUmodule module = nullptr;
+  RF_CU_FOR(std::string("load kernel image ") + image + " (" + kernel_build_note() + ")", cuModuleLoadData, &module, k->data);
+  modules_.push_back(module);
+  return module;
+}
+
+CUfunction Modules::entry(CUmodule m, const char* image, const char* name) {
+  CUfunction f = nullptr;
+  RF_CU_FOR(std::string("find ") + name + " in " + image, cuModuleGetFunction, &f, m, name);
+  return f;
+}
+
+}  // namespace rankflow::cuda

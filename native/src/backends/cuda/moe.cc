@@ -1,0 +1,315 @@
+// MoE dispatch and combine on GPUs: the host executor's steps (backends/host/moe.cc) on the kernels of
+// kernels/dispatch.cu and combine.cu:
+//   notify  rf_dispatch_notify: routing into the layout's device state, counts into every peer, the
+//           peers' counts mirrored into mapped host memory
+//   counts  the CPU-sync wait: a spin on that mirror (cpuSeconds -> TIMEOUT_CPU naming the rank and
+//           counter; an abort -> RANK_FAILED once the kernels let go)
+//   data    rf_dispatch_data (with a handle's routing: the kernel announces `enter` itself)
+// Each layout owns its receive state; its routing (and the topk it was made from) is shared with the
+// cached dispatches that replay it. Driver mode stages host tensors in device memory and copies the
+// results back; rank programs pass device addresses and nothing waits at the end.
+#include <algorithm>
+#include <string>
+
+#include "backend.hpp"
+#include "driver.hpp"
+#include "faults.hpp"
+
+namespace rankflow::cuda {
+
+namespace {
+CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
+void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(uintptr_t(p)); }
+std::string hex(uint64_t v) {
+  char s[32];
+  snprintf(s, sizeof s, "0x%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+}  // namespace
+
+kargs::MoeShape CudaBackend::moe_shape() const {
+  const EpConfig& ep = c_.cfg.ep;
+  kargs::MoeShape m;
+  m.hidden = int32_t(ep.hidden);
+  m.topk = int32_t(ep.topk);
+  m.num_experts = int32_t(ep.num_experts);
+  m.experts_per_rank = int32_t(c_.experts_per_rank());
+  m.max_tokens = ep.max_tokens_per_rank;
+  m.buf = c_.buf;
+  return m;
+}
+
+kargs::MoeState CudaBackend::state_of(const CudaLayout& l) const {
+  const kargs::MoeStateLayout& L = state_layout_;
+  kargs::MoeState s = L.at(uint64_t(l.routing->ptr));
+  const uint64_t recv = uint64_t(l.recv->ptr);
+  s.recv_src_token = reinterpret_cast<int32_t*>(recv + uint64_t(L.recv_src_token - L.routing_bytes));
+  s.recv_topk_weights = reinterpret_cast<float*>(recv + uint64_t(L.recv_topk_weights - L.routing_bytes));
+  s.send_offset = reinterpret_cast<int32_t*>(recv + uint64_t(L.send_offset - L.routing_bytes));
+  return s;
+}
+
+CudaLayout& CudaBackend::layout_of(DispatchLayout& l) const {
+  RF_CHECK(l.state != nullptr, "EINVAL", "dispatch layout " + std::to_string(l.id) + " has no device state");
+  return static_cast<CudaLayout&>(*l.state);
+}
+
+void CudaBackend::keep_for_graph(const CudaLayout& l) {
+  if (!capturing_) return;
+  capture_.keep.push_back(l.routing);
+  capture_.keep.push_back(l.recv);
+}
+
+void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
+  const int64_t K = c_.cfg.ep.topk, T = in.num_tokens;
+  const size_t tk = size_t(T * K * 4);
+  auto st = std::make_unique<CudaLayout>();
+  translating(rank(), [&] {
+    st->routing = std::make_shared<DeviceBlock>(pool_, align_up(state_layout_.routing_bytes, kRegionAlignment) + 2 * topk_bytes_,
+                                                "dispatch routing");
+    st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
+    st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
+    st->weights = st->idx + CUdeviceptr(topk_bytes_);
+    if (!capturing_) RF_CU(cuEventRecord, op_start_, stream_);
+    if (tk > 0) {
+      // The handle keeps the topk it was made from: a cached dispatch without weights replays them.
+      auto copy_in = [&](CUdeviceptr dst, Mem src) {
+        if (src.device) RF_CU(cuMemcpyAsync, dst, dev(src.ptr), tk, stream_);
+        else RF_CU(cuMemcpyHtoDAsync, dst, src.ptr, tk, stream_);
+      };
+      copy_in(st->idx, in.topk_idx);
+      copy_in(st->weights, in.topk_weights);
+    }
+    kargs::NotifyArgs a;
+    a.r = rank_args(seq);
+    a.m = moe_shape();
+    a.st = state_of(*st);
+    a.topk_idx = reinterpret_cast<const int32_t*>(st->idx);
+    a.num_tokens = T;
+    a.host_counts = reinterpret_cast<uint64_t*>(counts_dev_);
+    a.fingerprint = l.fingerprint;
+    launch_->dispatch_notify(stream_, a);
+  });
+  l.state = std::move(st);
+}
+
+void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+  const auto& origin = static_cast<const CudaLayout&>(*from.state);
+  auto st = std::make_unique<CudaLayout>();
+  st->routing = origin.routing;
+  st->idx = origin.idx;
+  st->weights = origin.weights;
+  st->cached = true;
+  translating(rank(), [&] {
+    st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
+    if (!capturing_) RF_CU(cuEventRecord, op_start_, stream_);
+  });
+  keep_for_graph(*st);
+  l.state = std::move(st);
+}
+
+bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
+  const int W = world();
+  const int64_t epr = c_.experts_per_rank();
+  const uint64_t* words = counts_host_;
+  auto seq_of = [&](int64_t pair) { return __atomic_load_n(words + 2 * pair, __ATOMIC_ACQUIRE); };
+  // Rank counts are written last: once they are all there, so are the expert counts.
+  auto arrived = [&] {
+    for (int p = 0; p < W; ++p)
+      if (seq_of(p) != l.seq) return false;
+    return true;
+  };
+  if (!block && !spin_for(c_.rules.spin_ns, arrived)) return false;
+  if (!arrived()) {
+    const Driver& d = driver();
+    bool aborted = false, finished = false;
+    uint32_t polls = 0;
+    WaitRules r = c_.rules;
+    r.abort = nullptr;  // passed on to the kernels below
+    try {
+      wait_until(r, WaitSite{kPhaseNotify, -1, "rank_count"}, WaitKind::Cpu, [&] {
+        if (arrived()) return true;
+        if (!aborted && abort_raised()) {
+          aborted = true;
+          mirror_abort();
+        }
+        if ((++polls & 63) == 0) {  // the notify kernel finished without the counts: it gave up
+          const CUresult q = d.cuStreamQuery(stream_);
+          if (q == CUDA_SUCCESS) return finished = true;
+          if (q != CUDA_ERROR_NOT_READY) fail_stream(q);
+        }
+        return false;
+      }, [] { return uint64_t(0); });
+    } catch (const Error& e) {
+      if (e.code != "TIMEOUT_CPU") throw;
+      // Name the first counter that is missing: rank counts go last, so look at those first.
+      int peer = 0;
+      std::string counter = "rank_count";
+      uint64_t last = 0;
+      bool found = false;
+      for (int p = 0; p < W && !found; ++p)
+        if ((last = seq_of(p)) != l.seq) peer = p, found = true;
+      for (int64_t i = 0; i < int64_t(W) * epr && !found; ++i)
+        if ((last = seq_of(W + i)) != l.seq) peer = int(i / epr), counter = "expert_count[" + std::to_string(i % epr) + "]", found = true;
+      // The notify kernel may still wait for the peer: let it go, and the rank's protocol state is gone.
+      mark_dead("a dispatch's CPU-sync wait timed out while its notify kernel still waited");
+      c_.abort.stop();
+      mirror_abort();
+      throw Error("TIMEOUT_CPU",
+                  "CPU-sync wait of rank " + std::to_string(rank()) + " in " + phase_name(kPhaseNotify) + " timed out after " +
+                      seconds_text(c_.cfg.cpu_timeout_s) + " s on counter " + counter + "[from rank " +
+                      std::to_string(peer) + "] (last value " + hex(last) + ")",
+                  peer, phase_name(kPhaseNotify));
+    }
+    if (aborted || finished) {
+      wait_stream(WaitSite{kPhaseNotify, -1, "rank_count"});  // throws: the abort, or the notify's timeout
+      if (!arrived()) {
+        mark_dead("a dispatch notify ended without the peers' counts");
+        throw Error("TIMEOUT_GPU", "rank " + std::to_string(rank()) + "'s dispatch notify ended without the peers' counts",
+                    rank(), phase_name(kPhaseNotify));
+      }
+    }
+  }
+  check_control(WaitSite{kPhaseNotify, -1, "rank_count"});  // a bad expert id is EINVAL before any data moves
+  l.recv_count.assign(size_t(W), 0);
+  l.tokens_per_expert.assign(size_t(epr), 0);
+  l.num_recv = 0;
+  for (int p = 0; p < W; ++p) {
+    l.recv_count[size_t(p)] = int64_t(words[2 * p + 1]);
+    l.num_recv += l.recv_count[size_t(p)];
+    for (int64_t e = 0; e < epr; ++e) l.tokens_per_expert[size_t(e)] += int64_t(words[2 * (W + p * epr + e) + 1]);
+  }
+  l.counts_known = true;
+  return true;
+}
+
+void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
+  CudaLayout& st = layout_of(l);
+  const EpConfig& ep = c_.cfg.ep;
+  const int64_t T = l.num_tokens, K = ep.topk, row = ep.hidden * in.x_elem_bytes, S = c_.buf.scales_per_token;
+  const bool with_scales = bool(in.scales);
+  kargs::DispatchIn din;
+  din.topk_idx = reinterpret_cast<const int32_t*>(st.idx);
+  din.topk_weights = reinterpret_cast<const float*>(st.weights);
+  din.num_tokens = T;
+  din.x_elem_bytes = int32_t(in.x_elem_bytes);
+  kargs::DispatchOut dout;
+  translating(rank(), [&] {
+    if (!in.x.device) {
+      // Driver mode: x, scales and new weights staged; the outputs stay in the buffer, copied out below.
+      const int64_t xb = align_up(T * row, kRegionAlignment), sb = align_up(T * S * 4, kRegionAlignment);
+      staging(xb + sb + T * K * 4 + 16);
+      din.x = stage_in(in.x, T * row, 0).ptr;
+      din.scales = with_scales ? stage_in(in.scales, T * S * 4, xb).as<const float>() : nullptr;
+      if (in.topk_weights && st.cached) din.topk_weights = stage_in(in.topk_weights, T * K * 4, xb + sb).as<const float>();
+    } else {
+      din.x = in.x.ptr;
+      din.scales = in.scales.as<const float>();
+      if (in.topk_weights && st.cached) din.topk_weights = in.topk_weights.as<const float>();
+      if (!out.in_buffer) {
+        dout.x = out.x.ptr;
+        dout.scales = out.scales.as<float>();
+        dout.topk_idx = out.topk_idx.as<int32_t>();
+        dout.topk_weights = out.topk_weights.as<float>();
+        dout.src_rank = out.src_rank.as<int32_t>();
+        dout.src_token = out.src_token.as<int32_t>();
+      }
+    }
+    kargs::DispatchArgs a;
+    a.r = rank_args(seq);
+    a.m = moe_shape();
+    a.st = state_of(st);
+    a.in = din;
+    a.out = dout;
+    a.fingerprint = l.fingerprint;
+    a.announce = st.cached ? 1 : 0;
+    launch_->dispatch_data(stream_, a, in.num_sms);
+    if (!capturing_) RF_CU(cuEventRecord, op_end_, stream_);
+  });
+  keep_for_graph(st);
+  const uint64_t b = uint64_t(mem_.window()) + uint64_t(c_.ws.bytes);
+  auto region = [&](int64_t off) { return Mem{ptr(CUdeviceptr(b + uint64_t(off))), true}; };
+  if (in.x.device) {
+    if (out.in_buffer) {  // the outputs are the buffer's regions: the same addresses after every dispatch
+      out.x = region(c_.buf.x);
+      out.scales = with_scales ? region(c_.buf.scales) : Mem{};
+      out.topk_idx = region(c_.buf.topk_idx);
+      out.topk_weights = region(c_.buf.topk_weights);
+      out.src_rank = region(c_.buf.src_rank);
+      out.src_token = region(c_.buf.src_token);
+    }
+    return;
+  }
+  wait_stream(WaitSite{kPhaseDispatchData, -1, "done"});
+  const int64_t R = l.num_recv;
+  translating(rank(), [&] {
+    auto down = [&](Mem dst, int64_t off, int64_t n) {
+      if (n > 0 && dst) RF_CU(cuMemcpyDtoHAsync, dst.ptr, CUdeviceptr(b + uint64_t(off)), size_t(n), stream_);
+    };
+    down(out.x, c_.buf.x, R * row);
+    if (with_scales) down(out.scales, c_.buf.scales, R * S * 4);
+    down(out.topk_idx, c_.buf.topk_idx, R * K * 4);
+    down(out.topk_weights, c_.buf.topk_weights, R * K * 4);
+    down(out.src_rank, c_.buf.src_rank, R * 4);
+    down(out.src_token, c_.buf.src_token, R * 4);
+  });
+  wait_stream(WaitSite{kPhaseDispatchData, -1, "done"});
+}
+
+void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
+  CudaLayout& st = layout_of(l);
+  const EpConfig& ep = c_.cfg.ep;
+  const int64_t H = ep.hidden, K = ep.topk, T = l.num_tokens;
+  kargs::CombineIn cin;
+  cin.num_tokens = T;
+  kargs::CombineOut cout;
+  const bool device = in.x.device;
+  if (device) {
+    const CUdeviceptr lo = mem_.peer_base(0), hi = mem_.peer_base(world() - 1) + CUdeviceptr(mem_.stride());
+    const CUdeviceptr x = dev(in.x.ptr);
+    RF_CHECK(x == 0 || x < lo || x >= hi, "EINVAL",
+             "combine: x lies in the symmetric buffer (peers write there during the combine); copy it into a "
+             "tensor of its own first (e.g. from an outputsInBuffer dispatch)");
+    cin.x = in.x.as<const uint16_t>();
+    cin.topk_weights = in.topk_weights.as<const float>();
+    cin.bias0 = in.bias[0].as<const uint16_t>();
+    cin.bias1 = in.bias[1].as<const uint16_t>();
+    cout.x = out.x.as<uint16_t>();
+    cout.topk_weights = out.topk_weights.as<float>();
+  } else {
+    const int64_t R = l.num_recv;
+    const int64_t xb = align_up(R * H * 2, kRegionAlignment), wb = align_up(R * K * 4, kRegionAlignment),
+                  bb = align_up(T * H * 2, kRegionAlignment), ob = align_up(T * H * 2, kRegionAlignment);
+    const CUdeviceptr s = staging(xb + wb + 2 * bb + ob + T * K * 4 + 16);
+    cin.x = stage_in(in.x, R * H * 2, 0).as<const uint16_t>();
+    cin.topk_weights = stage_in(in.topk_weights, R * K * 4, xb).as<const float>();
+    cin.bias0 = stage_in(in.bias[0], T * H * 2, xb + wb).as<const uint16_t>();
+    cin.bias1 = stage_in(in.bias[1], T * H * 2, xb + wb + bb).as<const uint16_t>();
+    cout.x = reinterpret_cast<uint16_t*>(s + CUdeviceptr(xb + wb + 2 * bb));
+    cout.topk_weights = reinterpret_cast<float*>(s + CUdeviceptr(xb + wb + 2 * bb + ob));
+  }
+  translating(rank(), [&] {
+    if (!capturing_) RF_CU(cuEventRecord, op_start_, stream_);
+    kargs::CombineArgs a;
+    a.r = rank_args(seq);
+    a.m = moe_shape();
+    a.st = state_of(st);
+    a.in = cin;
+    a.out = cout;
+    a.fingerprint = l.fingerprint;
+    launch_->combine(stream_, a, in.num_sms);
+    if (!capturing_) RF_CU(cuEventRecord, op_end_, stream_);
+  });
+  keep_for_graph(st);
+  if (device) return;
+  wait_stream(WaitSite{kPhaseCombineData, -1, "done"});
+  translating(rank(), [&] {
+    if (T > 0) {
+      RF_CU(cuMemcpyDtoHAsync, out.x.ptr, dev(cout.x), size_t(T * H * 2), stream_);
+      RF_CU(cuMemcpyDtoHAsync, out.topk_weights.ptr, dev(cout.topk_weights), size_t(T * K * 4), stream_);
+    }
+  });
+  wait_stream(WaitSite{kPhaseCombineData, -1, "done"});
+}
+
+}  // namespace rankflow::cuda

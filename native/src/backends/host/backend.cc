@@ -1,0 +1,104 @@
+// The host backend's lifecycle, its protocol steps (signals, waits, enter), barrier and allGather.
+#include "backend.hpp"
+
+#include <cstring>
+
+namespace rankflow {
+
+std::unique_ptr<Backend> make_host_backend(Context& c) { return std::make_unique<host::HostBackend>(c); }
+
+namespace host {
+
+HostBackend::HostBackend(Context& c) : c_(c) {
+  // Many ranks share few cores here: a short spin, then the wait gives the core away.
+  c.rules.spin_ns = 1000;
+  mem_.create(c.rank(), c.world(), c.sym_bytes, c.cpu_bytes, choose_memory_kind(c.cpu_bytes, c.cfg.hybrid),
+              c.dom.num_scaleup_ranks);
+}
+
+void HostBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
+  mem_.import_peers(peers);
+  barrier(seq, false, true);
+}
+
+BackendInfo HostBackend::info() const {
+  BackendInfo i;
+  i.backend = "host";
+  i.memory_kind = mem_.kind();
+  i.stride = mem_.stride();
+  for (int p = 0; p < world(); ++p) i.windows.push_back(uint64_t(reinterpret_cast<uintptr_t>(mem_.peer_window(p))));
+  return i;
+}
+
+void HostBackend::read_window(int64_t offset, int64_t len, uint8_t* out) {
+  std::memcpy(out, mem_.window() + offset, size_t(len));
+}
+
+uint64_t HostBackend::write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) {
+  uint8_t* dst = mem_.translate(mem_.window() + offset, peer);
+  std::memcpy(dst, src, size_t(len));
+  return uint64_t(reinterpret_cast<uintptr_t>(dst));
+}
+
+const uint8_t* HostBackend::host_ptr(Mem r, const char* what) {
+  RF_CHECK(!r.device, "EINVAL", std::string(what) + ": device tensors need backend 'cuda'");
+  return r.as<const uint8_t>();
+}
+
+void HostBackend::signal_all(int64_t array, uint64_t seq, bool include_self) {
+  for (int p = 0; p < world(); ++p)
+    if (include_self || p != rank()) signal(peer_slot(p, array), seq);
+}
+
+uint64_t HostBackend::wait_slot(const void* slot, uint64_t seq, const WaitSite& site, WaitKind kind, bool exact) const {
+  wait_until(c_.rules, site, kind, [&] {
+    const uint64_t s = slot_seq(slot);
+    return exact ? s == seq : seq_reached(s, seq);
+  }, [&] { return slot_seq(slot); });
+  return slot_payload(slot);
+}
+
+void HostBackend::wait_all(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind) const {
+  for (int p = 0; p < world(); ++p)
+    if (p != rank()) wait_slot(my_slot(array, p), seq, WaitSite{phase, p, name}, kind);
+}
+
+void HostBackend::announce(uint64_t seq, uint64_t tag) {
+  for (int p = 0; p < world(); ++p)
+    if (p != rank()) signal(peer_slot(p, c_.ws.enter), seq, 0, tag);
+}
+
+uint64_t HostBackend::wait_entered(int p, uint64_t seq, Phase phase) const {
+  if (p == rank()) return 0;
+  const void* slot = my_slot(c_.ws.enter, p);
+  wait_slot(slot, seq, WaitSite{phase, p, "enter"}, WaitKind::Device);
+  return slot_tag(slot);
+}
+
+void HostBackend::barrier(uint64_t seq, bool cpu_round, bool) {
+  signal_all(c_.ws.barrier, seq);
+  wait_all(c_.ws.barrier, seq, kPhaseBarrier, "barrier");
+  if (!cpu_round) return;
+  // DeepEP's with_cpu_sync: after the device round (same seq), a rendezvous the CPUs wait on.
+  signal_all(c_.ws.cpu_barrier, seq);
+  wait_all(c_.ws.cpu_barrier, seq, kPhaseCpuBarrier, "cpu_barrier", WaitKind::Cpu);
+}
+
+void HostBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  const uint8_t* src = host_ptr(in, "allGather input");
+  RF_CHECK(!out.device, "EINVAL", "allGather output: device tensors need backend 'cuda'");
+  announce(seq);
+  const int64_t at = int64_t(rank()) * bytes;
+  std::memcpy(buffer() + at, src, size_t(bytes));
+  for (int i = 1; i < world(); ++i) {  // start at the next rank so that no receiver is hit by everyone first
+    const int p = (rank() + i) % world();
+    wait_entered(p, seq);
+    std::memcpy(peer_buffer(p) + at, src, size_t(bytes));
+    signal(peer_slot(p, c_.ws.done), seq);
+  }
+  wait_all(c_.ws.done, seq, kPhaseAllGather, "done");
+  std::memcpy(out.ptr, buffer(), size_t(bytes * world()));
+}
+
+}  // namespace host
+}  // namespace rankflow

@@ -1,0 +1,104 @@
+// `Context`, the ObjectWrap of one rank's runtime context (runtime/context.hpp), owned by the rank's
+// worker thread. Every operation is one synchronous call on that thread: it marshals its arguments
+// (positional, no option objects on the hot path), runs the runtime op, and writes small results into
+// the context's scratch words (an ArrayBuffer the worker reads) instead of allocating objects. Waits
+// inside an op end on their own (deadline) or through the abort words the main thread shares.
+// The one split: a dispatch whose CPU-sync wait outlasts its spin returns PENDING, so that the rank
+// machine can show the wait as a state, and dispatchResume() blocks for it.
+#pragma once
+
+#include <napi.h>
+
+#include <memory>
+#include <vector>
+
+#include "runtime/ops.hpp"
+
+namespace rankflow::binding {
+
+// Word indices of the scratch (Float64Array / BigUint64Array views of one ArrayBuffer).
+constexpr int kScratchLayoutId = 0;     // f64: the dispatch's layout id
+constexpr int kScratchNumRecv = 1;      // f64: numRecv, -1 = unknown (no CPU sync)
+constexpr int kScratchGraphOps = 2;     // f64: ops in the graph captureEnd() made
+constexpr int kScratchAddresses = 8;    // u64 [8, 16): x, scales, topkIdx, topkWeights, srcRank, srcToken, out x, out w
+constexpr int kScratchTokensPerExpert = 16;  // f64 [16, 16 + local experts): tokensPerExpert (aligned)
+
+class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
+ public:
+  static Napi::Function Define(Napi::Env env);
+  explicit ContextWrap(const Napi::CallbackInfo& info);
+  ~ContextWrap() override;
+
+ private:
+  Context& ctx(Napi::Env env);
+  void teardown() noexcept;
+  static void OnEnvCleanup(void* arg);
+
+  // lifecycle and probes
+  Napi::Value Exported(const Napi::CallbackInfo& info);
+  Napi::Value ImportPeers(const Napi::CallbackInfo& info);
+  Napi::Value NcclUniqueId(const Napi::CallbackInfo& info);
+  Napi::Value NcclInit(const Napi::CallbackInfo& info);
+  Napi::Value Info(const Napi::CallbackInfo& info);
+  Napi::Value ReadWindow(const Napi::CallbackInfo& info);
+  Napi::Value WritePeer(const Napi::CallbackInfo& info);
+  Napi::Value Destroy(const Napi::CallbackInfo& info);
+  Napi::Value TakeEvicted(const Napi::CallbackInfo& info);
+  // collectives
+  Napi::Value Barrier(const Napi::CallbackInfo& info);
+  Napi::Value AllGather(const Napi::CallbackInfo& info);
+  Napi::Value Dispatch(const Napi::CallbackInfo& info);
+  Napi::Value DispatchResume(const Napi::CallbackInfo& info);
+  Napi::Value Combine(const Napi::CallbackInfo& info);
+  Napi::Value SessionOpen(const Napi::CallbackInfo& info);
+  Napi::Value SessionClose(const Napi::CallbackInfo& info);
+  Napi::Value SessionAllGather(const Napi::CallbackInfo& info);
+  Napi::Value SessionReduceScatter(const Napi::CallbackInfo& info);
+  Napi::Value EngramWrite(const Napi::CallbackInfo& info);
+  Napi::Value EngramFetch(const Napi::CallbackInfo& info);
+  Napi::Value PpExchange(const Napi::CallbackInfo& info);
+  // cuda: device memory, streams, events, graphs, baselines
+  Napi::Value DeviceAlloc(const Napi::CallbackInfo& info);
+  Napi::Value DeviceFree(const Napi::CallbackInfo& info);
+  Napi::Value DeviceUpload(const Napi::CallbackInfo& info);
+  Napi::Value DeviceDownload(const Napi::CallbackInfo& info);
+  Napi::Value DeviceSync(const Napi::CallbackInfo& info);
+  Napi::Value EventRecord(const Napi::CallbackInfo& info);
+  Napi::Value EventElapsed(const Napi::CallbackInfo& info);
+  Napi::Value EventDestroy(const Napi::CallbackInfo& info);
+  Napi::Value LastOpMs(const Napi::CallbackInfo& info);
+  Napi::Value BenchAlltoAll(const Napi::CallbackInfo& info);
+  Napi::Value BenchPeerCopy(const Napi::CallbackInfo& info);
+  Napi::Value BenchAgrs(const Napi::CallbackInfo& info);
+  Napi::Value CaptureBegin(const Napi::CallbackInfo& info);
+  Napi::Value CaptureEnd(const Napi::CallbackInfo& info);
+  Napi::Value Replay(const Napi::CallbackInfo& info);
+  Napi::Value GraphFree(const Napi::CallbackInfo& info);
+  Napi::Value Occupy(const Napi::CallbackInfo& info);
+  Napi::Value OnSlowWait(const Napi::CallbackInfo& info);
+  static void slow_wait(void* self);
+
+  // The dispatch whose CPU-sync wait is pending, with its inputs kept alive.
+  struct PendingDispatch {
+    std::shared_ptr<DispatchLayout> layout;
+    DispatchInput in;
+    int mode = 0;
+    std::vector<Napi::Reference<Napi::Value>> keep;
+  };
+  // After the counts: the outputs (host: typed arrays made here; device: allocated or in the buffer),
+  // the data phase, and the results written into the scratch. Returns the host outputs or undefined.
+  Napi::Value finish_dispatch(Napi::Env env, PendingDispatch& p);
+  void write_counts(const DispatchLayout& l);
+
+  std::unique_ptr<Context> ctx_;
+  Napi::Reference<Napi::Value> abort_words_;  // the SharedArrayBuffer view the Abort words live in
+  Napi::Reference<Napi::ArrayBuffer> scratch_;
+  Napi::FunctionReference slow_wait_;  // JS: post the rank's pending reports (a wait is slow)
+  double* scratch_f64_ = nullptr;
+  uint64_t* scratch_u64_ = nullptr;
+  std::unique_ptr<PendingDispatch> pending_;
+  napi_env env_ = nullptr;
+  bool cleanup_ran_ = false;
+};
+
+}  // namespace rankflow::binding

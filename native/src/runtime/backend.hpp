@@ -1,0 +1,160 @@
+// The one interface between the runtime and an executor of the protocol. The runtime (context.cc,
+// runtime/ops/*.cc) checks every op's inputs once, assigns its sequence number and keeps the
+// layouts; a Backend then runs it: backends/host (shared host memory, C++ loops: the reference) and
+// backends/cuda (GPU memory over NVLink, the kernels of kernels/). Nothing outside the backends asks
+// which backend it runs on (PyTorch's SymmetricMemory.hpp split, DeepEP V2's buffer.hpp checks).
+//
+// Every method runs on the rank's own thread (its worker's JS thread), except where it says so.
+// Tensors come as Mem: an address and whether it is device memory (cuda rank programs) or host memory
+// (typed arrays: driver mode on any backend, rank programs on host).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "errors.hpp"
+#include "memory_kind.hpp"
+#include "protocol.hpp"
+
+namespace rankflow {
+
+class Context;
+struct DispatchLayout;
+
+struct Mem {
+  void* ptr = nullptr;
+  bool device = false;
+  template <typename T>
+  T* as() const { return static_cast<T*>(ptr); }
+  explicit operator bool() const { return ptr != nullptr; }
+};
+
+// What a backend keeps of one dispatch layout beside the runtime's DispatchLayout.
+struct LayoutState {
+  virtual ~LayoutState() = default;
+};
+
+struct DispatchInput {
+  Mem x;                        // [T, hidden] bf16 or fp8 bits
+  int64_t x_elem_bytes = 2;
+  Mem scales;                   // [T, hidden / 128] fp32 (fp8)
+  Mem topk_idx;                 // [T * K] int32, -1 = unused; absent with a handle
+  Mem topk_weights;             // [T * K] fp32; absent with a handle = the handle's weights
+  int64_t num_tokens = 0;
+  int64_t expert_alignment = 1;
+  uint32_t handle = 0;          // a previous dispatch's layout: its routing, no notify, no CPU sync
+  int num_sms = 0;              // cuda: blocks of the data kernel (0 = the rank's share of the GPU)
+};
+
+// Where the outputs go. in_buffer: they stay in the receive buffer (cuda, no CPU sync), and the
+// backend writes their addresses here; otherwise every field is an output of num_recv rows.
+struct DispatchOutput {
+  Mem x, scales, topk_idx, topk_weights, src_rank, src_token;
+  bool in_buffer = false;
+};
+
+struct CombineInput {
+  Mem x;                        // [num_recv, hidden] bf16
+  Mem topk_weights;             // [num_recv * K] or absent: the dispatched weights
+  Mem bias[2];                  // [T, hidden] bf16 each
+  int num_sms = 0;
+};
+struct CombineOutput {
+  Mem x;                        // [T, hidden] bf16
+  Mem topk_weights;             // [T * K] fp32
+};
+
+// What info() reports of a backend.
+struct BackendInfo {
+  const char* backend = "host";
+  MemoryKind memory_kind = MemoryKind::GpuOnly;
+  int64_t stride = 0;
+  std::vector<uint64_t> windows;  // rank p's window in this rank's address space
+  int device_ordinal = -1;
+  std::string device_name;
+  bool nccl = false;
+  int sms = 0;                    // cuda: SMs of the GPU, and the rank's share of them
+  int sm_share = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // ---- lifecycle ----
+  virtual ExportedSegments exported() const = 0;
+  // Maps every peer's segments (indexed by global rank); then a barrier (seq) so that every window is
+  // mapped before anyone writes into one.
+  virtual void import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) = 0;
+  // 128 bytes from ncclGetUniqueId, or empty where this backend makes no communicator.
+  virtual std::vector<uint8_t> nccl_unique_id() { return {}; }
+  virtual void nccl_init(const std::vector<uint8_t>& id);
+  virtual BackendInfo info() const = 0;
+  // Test probes of the layout: bytes of my window; bytes written through my mapping of peer's.
+  virtual void read_window(int64_t offset, int64_t len, uint8_t* out) = 0;
+  virtual uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) = 0;
+  // Frees everything. Idempotent, noexcept; works after a peer failed or a kernel faulted.
+  virtual void destroy() noexcept = 0;
+  // Refuses an op on a rank whose protocol state is gone (a wait gave up): RANK_FAILED saying why.
+  virtual void check_alive(const char* op) const { (void)op; }
+
+  // ---- collectives (inputs checked by the runtime; seq assigned) ----
+  // barrier: the device round; cpu_round: then the CPUs' round under the same seq. wait = false (a
+  // cuda rank program capturing a graph): only enqueue.
+  virtual void barrier(uint64_t seq, bool cpu_round, bool wait) = 0;
+  virtual void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) = 0;
+
+  // dispatch, in three steps. notify: the routing of `in` into `l` (l.state made here), counts into
+  // every receiver. A cached dispatch (in.handle) skips it: the runtime calls adopt_routing instead.
+  virtual void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) = 0;
+  virtual void adopt_routing(DispatchLayout& l, const DispatchLayout& from) = 0;
+  // The CPU-sync wait: true once every peer's counts arrived (then l's counts are filled). With
+  // block = false it only spins for spin_ns and returns false if they did not come.
+  virtual bool dispatch_counts(DispatchLayout& l, bool block) = 0;
+  virtual void dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) = 0;
+  virtual void combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) = 0;
+
+  // AGRS sessions (seed 6.3): open/close are a batched write-and-wait of `value` in the session slots
+  // (open: after an enter round of seq). Inside, each collective has its own region at `at`.
+  virtual void session_signal(uint64_t enter_seq, uint64_t value, Phase phase) = 0;
+  virtual void session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) = 0;
+  virtual void session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) = 0;
+  // engram: a table in the host segment (write is collective), fetched by global row id.
+  virtual void engram_write(uint64_t seq, Mem table, int64_t bytes) = 0;
+  virtual void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) = 0;
+  // pipeline: send to rank + 1, receive from rank - 1.
+  virtual void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) = 0;
+
+  // ---- device memory, streams, events, graphs, baselines (cuda; host refuses with EINVAL) ----
+  virtual uint64_t device_alloc(int64_t bytes);
+  virtual void device_free(uint64_t ptr);
+  virtual void upload(uint64_t dst, const void* src, int64_t bytes);
+  virtual void download(void* dst, uint64_t src, int64_t bytes);
+  virtual void sync();
+  virtual uint64_t record_event();
+  virtual double elapsed_ms(uint64_t start, uint64_t end);
+  virtual void destroy_event(uint64_t event);
+  virtual double last_op_ms();
+  virtual double bench_all_to_all(int64_t bytes, int iters, int warmup);
+  virtual double bench_peer_copy(int64_t bytes, int iters, int warmup);
+  virtual double bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters);
+  // CUDA graphs: ops between begin and end are captured (no CPU waits allowed), with sequence
+  // numbers relative to a device epoch; replay() launches the graph once.
+  virtual void capture_begin(uint64_t seq);
+  virtual uint64_t capture_end(uint64_t ops);
+  virtual void replay(uint64_t graph, uint64_t seq);
+  virtual void free_graph(uint64_t graph);
+  virtual bool capturing() const { return false; }
+  // Tests: occupy `sms` SMs of the rank's GPU for `ms` milliseconds on a stream of its own.
+  virtual void occupy(int sms, double ms);
+};
+
+std::unique_ptr<Backend> make_host_backend(Context& c);
+// Set by the CUDA part of the addon when it is linked in (binding/cuda_probe.cc); null otherwise.
+using BackendFactory = std::unique_ptr<Backend> (*)(Context& c);
+void set_cuda_backend_factory(BackendFactory f);
+BackendFactory cuda_backend_factory();
+
+}  // namespace rankflow

@@ -1,0 +1,119 @@
+// Context construction (domains, layouts, sizes, the backend), its layout bookkeeping, and the
+// refusals of the Backend methods a backend does not have.
+#include "context.hpp"
+
+namespace rankflow {
+
+namespace {
+BackendFactory g_cuda_factory = nullptr;
+}
+
+void set_cuda_backend_factory(BackendFactory f) { g_cuda_factory = f; }
+BackendFactory cuda_backend_factory() { return g_cuda_factory; }
+
+Domains Domains::make(int rank, int world, int nvl_ranks, bool hybrid) {
+  Domains d{};
+  d.num_nvl_ranks = nvl_ranks > 0 ? nvl_ranks : world;
+  RF_CHECK(world % d.num_nvl_ranks == 0, "EINVAL",
+           "ranksPerNode (" + std::to_string(d.num_nvl_ranks) + ") must divide the world size (" + std::to_string(world) + ")");
+  d.num_rdma_ranks = world / d.num_nvl_ranks;
+  d.nvl_rank_idx = rank % d.num_nvl_ranks;
+  d.rdma_rank_idx = rank / d.num_nvl_ranks;
+  if (hybrid) {  // seed 6.2: scale-up = the NVLink domain, scale-out = nodes
+    d.num_scaleup_ranks = d.num_nvl_ranks, d.num_scaleout_ranks = d.num_rdma_ranks;
+    d.scaleup_rank_idx = d.nvl_rank_idx, d.scaleout_rank_idx = d.rdma_rank_idx;
+  } else {       // the whole group is one logical scale-up domain
+    d.num_scaleup_ranks = world, d.num_scaleout_ranks = 1;
+    d.scaleup_rank_idx = rank, d.scaleout_rank_idx = 0;
+  }
+  d.is_scaleup_nvlink = d.num_scaleup_ranks == d.num_nvl_ranks;
+  return d;
+}
+
+Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
+  RF_CHECK(c.world_size >= 1 && c.world_size <= kMaxRanks, "EINVAL", "world size must be in [1, 64]");
+  RF_CHECK(c.rank >= 0 && c.rank < c.world_size, "EINVAL", "rank out of range");
+  RF_CHECK(c.ep.world_size == c.world_size, "EINVAL", "ep config names another world size");
+  if (abort_words != nullptr) abort.attach(abort_words);
+  dom = Domains::make(c.rank, c.world_size, c.ranks_per_node, c.hybrid);
+  ws = WorkspaceLayout::make(c.world_size, int32_t(c.ep.num_experts / c.world_size));
+  buf = BufferLayout::make(c.ep);
+  sym_bytes = c.num_bytes > 0 ? align_up(c.num_bytes, kAlignment) : size_hint(c.ep);
+  RF_CHECK(sym_bytes >= ws.bytes + kAlignment, "EINVAL",
+           "buffer.bytes (" + std::to_string(c.num_bytes) + ") leaves no room after the " + std::to_string(ws.bytes) +
+               "-byte workspace");
+  cpu_bytes = align_up(c.cpu_bytes, kAlignment);
+  seq = c.first_seq;
+  rules.rank = c.rank;
+  rules.abort = &abort;
+  rules.cpu_timeout_s = c.cpu_timeout_s;
+  rules.gpu_timeout_s = c.gpu_timeout_s;
+  if (c.backend == BackendKind::Cuda) {
+    RF_CHECK(g_cuda_factory != nullptr, "BACKEND_UNAVAILABLE",
+             "backend 'cuda' is unavailable: this build of the addon has no CUDA backend (cuda.h was not found "
+             "at build time; set CUDA_HOME and reinstall: npm rebuild rankflow)");
+    backend_ = g_cuda_factory(*this);  // its CUDA context becomes current on this thread
+  } else {
+    backend_ = make_host_backend(*this);
+  }
+}
+
+void Context::destroy() noexcept {
+  abort.stop();
+  layouts.clear();  // layout states free their backend memory first
+  if (backend_) backend_->destroy();
+  backend_.reset();
+}
+
+std::shared_ptr<DispatchLayout> Context::layout(uint32_t id) const {
+  const auto it = layouts.find(id);
+  return it == layouts.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<DispatchLayout> Context::add_layout() {
+  auto l = std::make_shared<DispatchLayout>();
+  l->id = next_layout_id++;
+  if (next_layout_id == 0) next_layout_id = 1;  // 0 means "no handle"
+  layouts[l->id] = l;
+  while (layouts.size() > kMaxLiveHandles) {  // the oldest handles expire
+    evicted_.push_back(layouts.begin()->first);
+    layouts.erase(layouts.begin());
+  }
+  return l;
+}
+
+std::vector<uint32_t> Context::take_evicted() {
+  std::vector<uint32_t> out;
+  out.swap(evicted_);
+  return out;
+}
+
+// ---- what a backend without devices answers ----
+namespace {
+[[noreturn]] void needs_cuda(const char* what) {
+  throw Error("EINVAL", std::string(what) + " needs backend 'cuda' (device tensors, streams and CUDA events)");
+}
+}  // namespace
+
+void Backend::nccl_init(const std::vector<uint8_t>&) {
+  throw Error("EINVAL", "ncclInit: this rank's backend makes no NCCL communicator");
+}
+uint64_t Backend::device_alloc(int64_t) { needs_cuda("a device tensor"); }
+void Backend::device_free(uint64_t) { needs_cuda("free"); }
+void Backend::upload(uint64_t, const void*, int64_t) { needs_cuda("upload"); }
+void Backend::download(void*, uint64_t, int64_t) { needs_cuda("toHost"); }
+void Backend::sync() { needs_cuda("sync"); }
+uint64_t Backend::record_event() { needs_cuda("recordEvent"); }
+double Backend::elapsed_ms(uint64_t, uint64_t) { needs_cuda("elapsedMs"); }
+void Backend::destroy_event(uint64_t) { needs_cuda("destroyEvent"); }
+double Backend::last_op_ms() { needs_cuda("lastOpDeviceMs"); }
+double Backend::bench_all_to_all(int64_t, int, int) { needs_cuda("benchAlltoAll"); }
+double Backend::bench_peer_copy(int64_t, int, int) { needs_cuda("benchPeerCopy"); }
+double Backend::bench_agrs(const std::string&, const std::string&, int64_t, int64_t) { needs_cuda("benchAgrs"); }
+void Backend::capture_begin(uint64_t) { needs_cuda("capture"); }
+uint64_t Backend::capture_end(uint64_t) { needs_cuda("capture"); }
+void Backend::replay(uint64_t, uint64_t) { needs_cuda("replay"); }
+void Backend::free_graph(uint64_t) { needs_cuda("graph.free"); }
+void Backend::occupy(int, double) { needs_cuda("occupy"); }
+
+}  // namespace rankflow

@@ -1,0 +1,89 @@
+// A rank's view of the world (DeepEP's NCCLSymmetricMemoryContext, seed 4.2): rank, world size,
+// domains, the symmetric window's layouts, and the protocol state that lives across operations (the
+// op sequence number, the dispatch layouts that handles name, the AGRS session, the engram table).
+// It owns the rank's Backend; the ops (runtime/ops.hpp) check their inputs here, then call it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "abort.hpp"
+#include "backend.hpp"
+#include "config.hpp"
+#include "wait.hpp"
+
+namespace rankflow {
+
+// The routing of one dispatch, kept for its handle: what cached dispatch and combine replay.
+struct DispatchLayout {
+  uint32_t id = 0;
+  uint64_t seq = 0;                       // the dispatch op that filled it
+  uint64_t fingerprint = 0;               // the seq of the dispatch that computed the routing (cached: its origin's)
+  int64_t num_tokens = 0;
+  int64_t expert_alignment = 1;
+  bool counts_known = false;              // recv_count / tokens_per_expert / num_recv below are valid
+  std::vector<int64_t> recv_count;        // [W] tokens received from rank p
+  std::vector<int64_t> tokens_per_expert; // [local experts] unaligned
+  int64_t num_recv = 0;
+  bool complete = false;                  // the data phase ran: the handle is usable
+  std::unique_ptr<LayoutState> state;     // the backend's part (routing, device memory)
+};
+
+struct Session {
+  bool open = false;
+  uint32_t index = 0;          // sessions opened so far
+  int64_t max_bytes = 0;       // per rank per collective
+  int64_t max_all_gathers = 0;
+  int64_t collectives = 0;     // collectives done in this session
+  int64_t cursor = 0;          // next free byte of the session region (fresh region per collective)
+};
+
+class Context {
+ public:
+  // abort_words: kWords int32 shared with the main thread (null: private ones).
+  Context(const ContextConfig& cfg, int32_t* abort_words);
+  ~Context() { destroy(); }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  ContextConfig cfg;
+  Domains dom;
+  WorkspaceLayout ws;
+  BufferLayout buf;
+  int64_t sym_bytes = 0;       // workspace + buffer
+  int64_t cpu_bytes = 0;       // aligned host segment bytes
+  Abort abort;
+  WaitRules rules;             // every wait of this rank: its rank, timeouts, abort words
+  uint64_t seq = 0;            // collectives done; identical on every rank
+  uint64_t capture_start = 0;  // seq when the graph being captured began (ops/graph.cc)
+  Session session;
+  std::map<uint32_t, std::shared_ptr<DispatchLayout>> layouts;  // live handles, bounded
+  uint32_t next_layout_id = 1;
+  int64_t engram_entries = -1, engram_row_bytes = 0;
+  static constexpr size_t kMaxLiveHandles = 256;
+
+  Backend& backend() const {
+    RF_CHECK(backend_ != nullptr, "STATE", "the rank's context is destroyed");
+    return *backend_;
+  }
+  bool alive() const { return backend_ != nullptr; }
+  int rank() const { return cfg.rank; }
+  int world() const { return cfg.world_size; }
+  int64_t buffer_bytes() const { return sym_bytes - ws.bytes; }
+  int64_t experts_per_rank() const { return cfg.ep.num_experts / cfg.world_size; }
+  uint64_t next_seq() { return ++seq; }
+
+  std::shared_ptr<DispatchLayout> layout(uint32_t id) const;
+  std::shared_ptr<DispatchLayout> add_layout();
+  // Ids of the layouts evicted since the last call (the worker forgets their handles).
+  std::vector<uint32_t> take_evicted();
+  void destroy() noexcept;
+
+ private:
+  std::unique_ptr<Backend> backend_;
+  std::vector<uint32_t> evicted_;
+};
+
+}  // namespace rankflow

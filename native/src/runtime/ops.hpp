@@ -1,0 +1,56 @@
+// The operations of a rank, as the runtime runs them: each checks its inputs once (the same checks
+// for every backend, with messages that name the argument and say what to do), assigns the op's
+// sequence number, keeps the protocol state (layouts, session, engram table) and calls the Backend.
+// One file per operation in runtime/ops/.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "context.hpp"
+
+namespace rankflow::ops {
+
+// Maps every peer's window, then a barrier: every window is mapped before anyone writes into one.
+void register_window(Context& c, const std::vector<ExportedSegments>& peers);
+
+// barrier: the device round (a new seq), then with cpu_sync the CPUs' round under the same seq.
+void barrier(Context& c, bool cpu_sync);
+
+// allGather outside a session: out (W * bytes) = every rank's `bytes` in rank order.
+void all_gather(Context& c, Mem in, int64_t bytes, Mem out);
+
+// dispatch, in the steps the binding may split when the CPU-sync wait is slow:
+//   begin (checks, notify or the handle's routing) -> counts (the CPU-sync wait) -> finish (data).
+// cpu_sync = false (outputs in the buffer, cuda): counts is skipped.
+std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& in);
+bool dispatch_counts(Context& c, DispatchLayout& l, bool block);
+void dispatch_finish(Context& c, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
+// tokensPerExpert as the API returns it: each count padded to the layout's expertAlignment.
+std::vector<int64_t> aligned_tokens_per_expert(const DispatchLayout& l);
+// The live layout a handle names, or EINVAL naming `what`.
+std::shared_ptr<DispatchLayout> handle_layout(const Context& c, uint32_t handle, const char* what);
+
+void combine(Context& c, uint32_t handle, const CombineInput& in, const CombineOutput& out);
+
+// AGRS sessions (seed 6.3).
+void session_open(Context& c, int64_t max_bytes, int64_t max_all_gathers);
+void session_close(Context& c);
+void session_all_gather(Context& c, Mem in, int64_t bytes, Mem out);
+// in: [W * n] fp32 or bf16; out[n] = sum over ranks of their rows [rank*n, (rank+1)*n), fp32 accumulation.
+void session_reduce_scatter(Context& c, Mem in, int64_t n, bool bf16, Mem out);
+
+// engram: a table in the host segment, fetched by global row id (ids in host memory, range-checked).
+void engram_write(Context& c, Mem table, int64_t entries, int64_t row_bytes);
+void engram_fetch(Context& c, const int32_t* ids, int64_t n, Mem out);
+
+// pipeline: send to rank + 1, receive from rank - 1 (ring).
+void pp_exchange(Context& c, Mem in, int64_t bytes, Mem out);
+
+// CUDA graphs of no-CPU-sync ops: begin, the ops, end -> a graph id; each replay is new collectives.
+void capture_begin(Context& c);
+uint64_t capture_end(Context& c, int64_t* ops);
+void replay(Context& c, uint64_t graph, int64_t ops);
+
+}  // namespace rankflow::ops

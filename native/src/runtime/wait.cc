@@ -1,0 +1,58 @@
+// The errors of the one wait (wait.hpp), and the phase names they use.
+#include "wait.hpp"
+
+#include <cstdio>
+
+namespace rankflow {
+
+const char* phase_name(uint64_t phase) {
+  switch (phase) {
+    case kPhaseBarrier: return "barrier";
+    case kPhaseCpuBarrier: return "barrier (CPU sync)";
+    case kPhaseEnter: return "enter";
+    case kPhaseNotify: return "dispatch notify";
+    case kPhaseDispatchData: return "dispatch data";
+    case kPhaseCombineData: return "combine data";
+    case kPhaseAllGather: return "allGather";
+    case kPhaseSessionOpen: return "session open";
+    case kPhaseSessionClose: return "session close";
+    case kPhaseSessionGather: return "session allGather";
+    case kPhaseSessionReduce: return "session reduceScatter";
+    case kPhasePipeline: return "pipeline send/recv";
+    case kPhaseEngram: return "engram";
+    default: return "none";
+  }
+}
+
+namespace {
+std::string counter_text(const WaitSite& site) {
+  std::string counter = site.counter;
+  if (site.peer >= 0) counter += "[from rank " + std::to_string(site.peer) + "]";
+  if (site.index >= 0) counter += "[" + std::to_string(site.index) + "]";
+  return counter;
+}
+}  // namespace
+
+Error abort_error(const WaitRules& r, const WaitSite& site) {
+  const int failed = r.abort != nullptr ? r.abort->failed_rank() : -1;
+  if (failed >= 0) {
+    const std::string where = "rank " + std::to_string(r.rank) + " waited in " + phase_name(site.phase) + " on " + counter_text(site);
+    const std::string why = r.abort->reason();
+    if (!why.empty()) return Error("RANK_FAILED", why + " (" + where + ")", failed, phase_name(site.phase));
+    return Error("RANK_FAILED", "rank " + std::to_string(failed) + " failed while " + where, failed, phase_name(site.phase));
+  }
+  return Error("RANK_FAILED", "rank " + std::to_string(r.rank) + " is shutting down", r.rank, phase_name(site.phase));
+}
+
+Error timeout_error(const WaitRules& r, const WaitSite& site, WaitKind kind, uint64_t last) {
+  char value[32];
+  snprintf(value, sizeof value, "0x%016llx", static_cast<unsigned long long>(last));
+  const bool cpu = kind == WaitKind::Cpu;
+  return Error(cpu ? "TIMEOUT_CPU" : "TIMEOUT_GPU",
+               std::string(cpu ? "CPU-sync wait" : "device-phase wait") + " of rank " + std::to_string(r.rank) + " in " +
+                   phase_name(site.phase) + " timed out after " + seconds_text(cpu ? r.cpu_timeout_s : r.gpu_timeout_s) +
+                   " s on counter " + counter_text(site) + " (last value " + value + ")",
+               site.peer, phase_name(site.phase));
+}
+
+}  // namespace rankflow

@@ -1,0 +1,104 @@
+// The one wait of rankflow's native side, with one set of rules: poll `ready()`; spin with a pause
+// instruction for spin_ns (the peer is usually a few hundred nanoseconds away), then yield, then
+// sleep with backoff (many ranks may share few cores); between polls check the Abort words (a peer
+// failed -> RANK_FAILED naming it; teardown -> RANK_FAILED) and the deadline (-> the error the caller
+// describes: TIMEOUT_GPU for the host executor's device phases, TIMEOUT_CPU for CPU-sync waits).
+// Every CPU-side wait uses it: the host executor's slot waits, the CPU-sync waits on counters, and the
+// CUDA backend's waits for mapped flags and for its stream.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <sched.h>
+#include <string>
+#include <thread>
+
+#include "abort.hpp"
+#include "errors.hpp"
+#include "protocol.hpp"
+
+namespace rankflow {
+
+const char* phase_name(uint64_t phase);
+
+// What a wait is for, so that its errors can say it.
+struct WaitSite {
+  Phase phase;
+  int peer;             // the rank waited on (-1: none in particular)
+  const char* counter;  // slot name, e.g. "barrier", "rank_count"
+  int index = -1;       // second index (local expert) where the counter has one
+};
+
+enum class WaitKind { Device, Cpu };
+
+struct WaitRules {
+  int rank = 0;               // the waiting rank
+  const Abort* abort = nullptr;
+  double cpu_timeout_s = 300, gpu_timeout_s = 100;
+  int64_t spin_ns = 2000;     // pure spinning before the first yield
+  // Called once by a wait that has lasted slow_ns: the binding posts the rank's pending reports then,
+  // so that the main thread sees the op's state while the rank's thread is blocked in it.
+  void (*slow)(void*) = nullptr;
+  void* slow_arg = nullptr;
+  int64_t slow_ns = 1000000;
+};
+
+inline void cpu_pause() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// RANK_FAILED for a wait ended by the Abort words.
+Error abort_error(const WaitRules& r, const WaitSite& site);
+// TIMEOUT_GPU / TIMEOUT_CPU for a wait on `site` that saw `last` last.
+Error timeout_error(const WaitRules& r, const WaitSite& site, WaitKind kind, uint64_t last);
+
+// Polls ready() until it returns true. `last()` is the value shown by a timeout's message.
+template <typename Ready, typename Last>
+void wait_until(const WaitRules& r, const WaitSite& site, WaitKind kind, Ready ready, Last last) {
+  if (ready()) return;
+  using clock = std::chrono::steady_clock;
+  const auto start = clock::now();
+  const auto spin_until = start + std::chrono::nanoseconds(r.spin_ns);
+  auto slow_at = start + std::chrono::nanoseconds(r.slow_ns);
+  const double timeout = kind == WaitKind::Cpu ? r.cpu_timeout_s : r.gpu_timeout_s;
+  for (;;) {
+    // A burst of polls with a pause between them, then the slower checks.
+    for (int i = 0; i < 64; ++i) {
+      cpu_pause();
+      if (ready()) return;
+    }
+    if (r.abort != nullptr && r.abort->raised()) throw abort_error(r, site);
+    const auto now = clock::now();
+    if (now < spin_until) continue;
+    if (r.slow != nullptr && now >= slow_at) {
+      slow_at = clock::time_point::max();
+      r.slow(r.slow_arg);
+    }
+    const double waited = std::chrono::duration<double>(now - start).count();
+    if (waited > timeout) throw timeout_error(r, site, kind, last());
+    // More ranks than cores is the normal case on the host backend: give the core away.
+    if (waited < 0.001) sched_yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(waited > 0.05 ? 200 : 20));
+  }
+}
+
+// Polls ready() for about `ns` nanoseconds (a pause between polls); whether it became true.
+template <typename Ready>
+bool spin_for(int64_t ns, Ready ready) {
+  if (ready()) return true;
+  using clock = std::chrono::steady_clock;
+  const auto until = clock::now() + std::chrono::nanoseconds(ns);
+  do {
+    for (int i = 0; i < 64; ++i) {
+      cpu_pause();
+      if (ready()) return true;
+    }
+  } while (clock::now() < until);
+  return false;
+}
+
+}  // namespace rankflow

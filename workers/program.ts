@@ -1,0 +1,225 @@
+// The `rank` a rank program receives (group.run): the same operations as driver mode with no thread
+// hop, checked here (rank programs skip the main thread), on host tensors or, on cuda, device tensors;
+// plus the cuda extras (streams, events, graphs, baselines). Every method is async, so a bad input
+// rejects rather than throws; the ops themselves run synchronously on the rank's thread.
+import { invalid, RankflowError } from '../actors/core/errors.js';
+import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
+import { SCRATCH } from '../actors/core/addon.js';
+import { checkArray, checkTensor, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
+import type {
+  CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
+} from '../actors/core/types.js';
+import {
+  checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
+} from '../actors/core/validate.js';
+import type { HandleRegistry } from '../actors/core/handles.js';
+import type { RankOps } from './ops.js';
+
+/** A captured sequence of no-CPU-sync ops (rank.capture): every replay is new collectives. */
+export interface CapturedGraph {
+  /** collectives one replay runs */
+  readonly ops: number;
+  replay(): Promise<void>;
+  free(): void;
+}
+
+export function programHandle(ops: RankOps) {
+  const { rank, worldSize, buffer, groupId, backend } = ops.init;
+  const native = ops.native;
+  const cuda = backend === 'cuda';
+  const registry = ops.handles;
+  const needCuda = (what: string) => {
+    if (!cuda) throw invalid(what, "needs backend 'cuda' (device tensors, streams and CUDA events)");
+  };
+  function dispatch(d: DeviceDispatchInput, opts?: DeviceOptions): Promise<DeviceDispatchResult>;
+  function dispatch(d: DispatchInput): Promise<DispatchResult>;
+  async function dispatch(d: DispatchInput | DeviceDispatchInput, opts?: DeviceOptions): Promise<DispatchResult | DeviceDispatchResult> {
+    if (isDeviceTensor((d as DeviceDispatchInput)?.x)) {
+      checkDeviceDispatch('input', d as DeviceDispatchInput, buffer, rank, groupId, registry, opts);
+      return ops.dispatchDevice(d as DeviceDispatchInput, opts);
+    }
+    if (ops.capturing) throw invalid('input.x', 'a captured dispatch takes device tensors');
+    checkDispatchInput('input', d, buffer, worldSize, rank, groupId, registry);
+    return ops.dispatch(d as DispatchInput);
+  }
+  function combine(c: DeviceCombineInput, opts?: DeviceOptions): Promise<DeviceCombineResult>;
+  function combine(c: CombineInput): Promise<CombineResult>;
+  async function combine(c: CombineInput | DeviceCombineInput, opts?: DeviceOptions): Promise<unknown> {
+    if (isDeviceTensor((c as DeviceCombineInput)?.x))
+      return ops.combineDevice(c as DeviceCombineInput, checkDeviceCombine('input', c as DeviceCombineInput, buffer, rank, groupId, registry), opts);
+    if (ops.capturing) throw invalid('input.x', 'a captured combine takes device tensors');
+    return ops.combine(c as CombineInput, checkCombineInput('input', c, buffer, rank, groupId, registry));
+  }
+  function allGather(t: DeviceTensor): Promise<DeviceTensor>;
+  function allGather(t: Tensor): Promise<Tensor>;
+  async function allGather(t: Tensor | DeviceTensor): Promise<Tensor | DeviceTensor> {
+    if (!isDeviceTensor(t)) checkTensor('input', t);
+    else if (!cuda) throw invalid('input', "device tensors need backend 'cuda'");
+    return ops.allGather(t);
+  }
+  return {
+    rank,
+    worldSize,
+    backend,
+    /** host: a host tensor; cuda: a device tensor on this rank's GPU (free() it, or it goes with the group) */
+    tensor: ((dtype: DType, shape: number[], data?: ArrayBufferView) =>
+      cuda ? deviceTensor(native, dtype, shape, data) : tensor(dtype, shape, data as never)) as {
+      <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> & DeviceTensor<D>;
+    },
+    hostTensor: tensor,
+    async barrier(opts: { withCpuSync?: boolean } = {}) {
+      if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { withCpuSync? }');
+      if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
+      ops.barrier(opts.withCpuSync ?? false);
+    },
+    allGather,
+    dispatch,
+    combine,
+    /**
+     * cuda: records the no-CPU-sync ops `fn` runs (a cached dispatch with outputsInBuffer, combine,
+     * barrier, allGather of device tensors, on fixed shapes) as a CUDA graph: nothing runs now, and
+     * each replay() launches them all at once as new collectives. Tensors the captured ops return
+     * belong to the graph (every replay writes them) until graph.free().
+     */
+    async capture(fn: () => Promise<unknown> | unknown): Promise<CapturedGraph> {
+      needCuda('capture');
+      if (typeof fn !== 'function') throw invalid('fn', 'must be a function');
+      if (ops.capturing) throw new RankflowError('STATE', 'capture: a capture is already in progress on this rank');
+      native.captureBegin();
+      ops.capturing = true;
+      let graph: bigint;
+      try {
+        await fn();
+      } catch (e) {
+        ops.capturing = false;
+        try {
+          native.graphFree(native.captureEnd());
+        } catch {
+          // the capture was already invalid: the error that matters is fn's
+        }
+        throw e;
+      }
+      ops.capturing = false;
+      graph = native.captureEnd();
+      const n = new Float64Array(native.scratch)[SCRATCH.graphOps]!;
+      let freed = false;
+      const event = { type: 'REPLAY', ops: n } as const;
+      return {
+        ops: n,
+        async replay() {
+          if (freed) throw new RankflowError('STATE', 'this graph was freed');
+          ops.runner.run(event, () => native.replay(graph, n), REPLAY_PHASES);
+        },
+        free() {
+          if (freed) return;
+          freed = true;
+          native.graphFree(graph);
+        },
+      };
+    },
+    /** cuda: waits for the rank's queued GPU work (device-tensor ops do not wait) */
+    sync: async () => (needCuda('sync'), native.deviceSync()),
+    /** cuda: a CUDA event recorded on the rank's stream now */
+    recordEvent: () => (needCuda('recordEvent'), native.eventRecord()),
+    /** cuda: ms between two recorded events (waits for the stream); the events are kept */
+    elapsedMs: async (start: bigint, end: bigint) => (needCuda('elapsedMs'), native.eventElapsed(start, end)),
+    destroyEvent: (e: bigint) => native.eventDestroy(e),
+    /** cuda: mean ms of fn over iters runs, between CUDA events on the rank's stream (run a warm-up first) */
+    timeIt: async (fn: (i: number) => Promise<unknown>, iters: number): Promise<number> => {
+      needCuda('timeIt');
+      checkPositiveInt('iters', iters);
+      const a = native.eventRecord();
+      for (let i = 0; i < iters; i++) await fn(i);
+      const b = native.eventRecord();
+      try {
+        return native.eventElapsed(a, b) / iters;
+      } finally {
+        native.eventDestroy(a);
+        native.eventDestroy(b);
+      }
+    },
+    /** cuda baselines (ms per op, CUDA events, after `warmup`): every rank calls them together */
+    benchAlltoAll: async (bytes: number, iters: number, warmup = 3) => (needCuda('benchAlltoAll'), native.benchAlltoAll(bytes, iters, warmup)),
+    benchPeerCopy: async (bytes: number, iters: number, warmup = 3) => (needCuda('benchPeerCopy'), native.benchPeerCopy(bytes, iters, warmup)),
+    /** cuda: device ms of the last dispatch (first launch to the data kernel's end) or combine; waits for the stream */
+    lastOpDeviceMs: () => (needCuda('lastOpDeviceMs'), native.lastOpMs()),
+    /** cuda: microseconds per call of an AGRS/engram/pipeline transport on device-resident data (bench/gpu-agrs) */
+    benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => native.benchAgrs(op, engine, bytes, iters),
+    /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds (the compute-overlap case) */
+    occupySms: (sms: number, ms: number) => (needCuda('occupySms'), native.occupy(sms, ms)),
+    openSession: async (opts: { maxBytes: number; maxAllGathers: number }) => {
+      if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
+      checkPositiveInt('maxBytes', opts.maxBytes);
+      checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
+      ops.sessionOpen(opts.maxBytes, opts.maxAllGathers);
+      return {
+        async allGather(t: Tensor) {
+          checkTensor('input', t);
+          return ops.sessionAllGather(t);
+        },
+        async reduceScatter(t: Tensor) {
+          checkTensor('input', t, { dtypes: ['fp32', 'bf16'] });
+          if (t.shape.length < 1 || t.shape[0]! % worldSize !== 0) throw invalid('input.shape[0]', `must be a multiple of the world size (${worldSize})`);
+          return ops.sessionReduceScatter(t);
+        },
+        close: async () => ops.sessionClose(),
+      };
+    },
+    async engramWrite(t: Tensor) {
+      checkTensor('storage', t, { rank: 2 });
+      return ops.engramWrite(t);
+    },
+    async engramFetch(ids: Int32Array) {
+      checkArray('indices', ids, Int32Array);
+      return ops.engramFetch(ids);
+    },
+    async ppExchange(t: Tensor) {
+      checkTensor('input', t);
+      return ops.ppExchange(t);
+    },
+  };
+}
+
+export type RankProgramHandle = ReturnType<typeof programHandle>;
+
+const REPLAY_PHASES = Object.freeze(['graph']);
+
+function checkDevice(name: string, t: unknown, dtypes: readonly DType[], numelWant?: number, shape?: Array<number | undefined>): DeviceTensor {
+  if (!isDeviceTensor(t)) throw invalid(name, 'must be a device tensor (rank.tensor on cuda)');
+  if (!dtypes.includes(t.dtype)) throw invalid(`${name}.dtype`, `is ${t.dtype}; expected ${dtypes.join(' or ')}`);
+  if (shape && (t.shape.length !== shape.length || shape.some((d, i) => d !== undefined && d !== t.shape[i])))
+    throw invalid(`${name}.shape`, `is [${t.shape.join(', ')}]; expected [${shape.map((d) => d ?? 'n').join(', ')}]`);
+  if (numelWant !== undefined && numel(t.shape) !== numelWant) throw invalid(name, `has ${numel(t.shape)} elements; expected ${numelWant}`);
+  return t;
+}
+
+/** Shapes and dtypes of a device dispatch (values stay on the GPU: the kernels report bad expert ids). */
+function checkDeviceDispatch(name: string, d: DeviceDispatchInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): void {
+  const x = checkDevice(`${name}.x`, d.x, cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], undefined, [undefined, cfg.hidden]);
+  const T = x.shape[0]!;
+  if (T > cfg.maxTokensPerRank) throw invalid(`${name}.x.shape[0]`, `${T} tokens exceed buffer.maxTokensPerRank (${cfg.maxTokensPerRank})`);
+  if (x.dtype === 'fp8e4m3') checkDevice(`${name}.scales`, d.scales, ['fp32'], T * (cfg.hidden / 128));
+  else if (d.scales !== undefined) throw invalid(`${name}.scales`, 'is only for fp8e4m3 x');
+  if (d.expertAlignment !== undefined) checkPositiveInt(`${name}.expertAlignment`, d.expertAlignment, 1 << 16);
+  if (d.handle !== undefined) {
+    checkHandle(`${name}.handle`, d.handle, rank, groupId, registry);
+    if (d.handle.numTokens !== T) throw invalid(`${name}.handle`, `was made for ${d.handle.numTokens} tokens, x has ${T}`);
+  }
+  if (d.topkIdx === undefined && d.handle === undefined) throw invalid(`${name}.topkIdx`, 'is required (or pass a handle of a previous dispatch)');
+  if (d.topkIdx !== undefined) checkDevice(`${name}.topkIdx`, d.topkIdx, ['int32'], T * cfg.topk);
+  if (d.topkWeights !== undefined) checkDevice(`${name}.topkWeights`, d.topkWeights, ['fp32'], T * cfg.topk);
+  else if (d.handle === undefined) throw invalid(`${name}.topkWeights`, 'is required (or pass a handle of a previous dispatch)');
+  if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { outputsInBuffer?, numSms? }');
+  if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
+}
+
+function checkDeviceCombine(name: string, c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry): DeviceTensor[] {
+  checkHandle(`${name}.handle`, c.handle, rank, groupId, registry);
+  const x = checkDevice(`${name}.x`, c.x, ['bf16'], undefined, [undefined, cfg.hidden]);
+  if (c.handle.numRecv >= 0 && x.shape[0]! < c.handle.numRecv) throw invalid(`${name}.x.shape[0]`, `is ${x.shape[0]}; the dispatch received ${c.handle.numRecv} rows`);
+  if (c.topkWeights !== undefined) checkDevice(`${name}.topkWeights`, c.topkWeights, ['fp32'], x.shape[0]! * cfg.topk);
+  const bias = c.bias === undefined ? [] : Array.isArray(c.bias) ? c.bias : [c.bias];
+  if (bias.length > 2) throw invalid(`${name}.bias`, `takes at most 2 tensors (got ${bias.length})`);
+  bias.forEach((b, i) => checkDevice(`${name}.bias[${i}]`, b, ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]));
+  return bias;
+}
