@@ -4,11 +4,11 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { rendezvous, type RendezvousPeer } from '../actors/world/rendezvous.js';
 import { RankflowError } from '../actors/core/errors.js';
-import { ensureCompiled, forkFixture, freePort, killAll, type Child, type Message } from './helpers/children.js';
+import { ensureCompiled, forkFixture, freePort, killAll, worldSources, type Child, type Message } from './helpers/children.js';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
-beforeAll(() => ensureCompiled('dist/actors/world/rendezvous.js', ['actors/world/rendezvous.ts', 'actors/world/host-id.ts', 'actors/core/errors.ts']), 120_000);
+beforeAll(() => ensureCompiled('dist/actors/world/rendezvous.js', worldSources), 120_000);
 
 interface Proc {
   rankOffset: number;

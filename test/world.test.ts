@@ -2,14 +2,14 @@
 // rendezvous, pass their ranks' memory fds over Unix sockets, and run every collective together.
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ensureCompiled, forkFixture, freePort, killAll, type Child } from './helpers/children.js';
+import { ensureCompiled, forkFixture, freePort, killAll, worldSources, type Child } from './helpers/children.js';
 import { bf16ToFloat, floatToBf16 } from '../actors/index.js';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
 
 async function world(layout: number[], cpuBytes = 0): Promise<Child[]> {
-  ensureCompiled('dist/actors/world/join.js', ['actors/world/join.ts', 'actors/group.ts']);
+  ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts']);
   const url = `tcp://127.0.0.1:${await freePort()}`;
   const worldSize = layout.reduce((a, b) => a + b, 0);
   let offset = 0;

@@ -1,7 +1,7 @@
 // Child processes for multi-process tests: building what they run (forked children run plain JS,
 // not the TypeScript vitest runs), forking fixtures, and waiting for their IPC messages.
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -34,6 +34,13 @@ export function ensureCompiled(output: string, sources: string[]): void {
     if (!existsSync(path.join(repoRoot, output))) throw e;
   }
 }
+
+/** The sources of the world (actors/world/*.ts and what they import), for ensureCompiled. */
+export const worldSources: string[] = [
+  ...readdirSync(path.join(repoRoot, 'actors/world')).filter((f) => f.endsWith('.ts')).map((f) => `actors/world/${f}`),
+  'actors/core/errors.ts',
+  'actors/core/config.ts',
+];
 
 /** Builds the scratch fd-passing addon (native/test-fdpass) when it is older than its sources. */
 export function ensureFdpassAddon(): string {
