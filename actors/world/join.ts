@@ -53,13 +53,14 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
     }
     const mine = [...local.map((e) => e.deviceFd), ...(withHost ? local.map((e) => e.hostFd) : [])];
     const others = rv.peers.filter((_, i) => i !== rv.self);
-    const serving = others.length > 0 ? addon.fdServe(payload.fdSocket, mine, others.length, timeoutMs) : Promise.resolve();
+    // Only the world's processes may fetch (the socket's abstract name is visible to every local process).
+    const serving = others.length > 0 ? addon.fdServe(payload.fdSocket, mine, others.map((p) => p.pid), timeoutMs) : Promise.resolve();
     serving.catch(() => {});
     const peers: JoinedWorld['peers'] = new Array(w.size);
     local.forEach((e, i) => { peers[w.rankOffset + i] = { deviceFd: e.deviceFd, hostFd: e.hostFd }; });
     // One at a time: each fetch holds a libuv pool thread while it waits for its server.
     for (const p of others) {
-      const fds = await addon.fdFetch((p.payload as Payload).fdSocket, timeoutMs);
+      const fds = await addon.fdFetch((p.payload as Payload).fdSocket, timeoutMs, p.pid);
       received.push(...fds);
       for (let i = 0; i < p.localRanks; i++) peers[p.rankOffset + i] = { deviceFd: fds[i]!, hostFd: withHost ? fds[p.localRanks + i]! : -1 };
     }
