@@ -21,7 +21,7 @@ import {
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './core/validate.js';
 import { engramSizeHint, sizeHint } from './core/hints.js';
-import { checkWorld, joinWorld, type WorldOptions } from './world/join.js';
+import { checkWorld, joinWorld, worldWaitMs, type WorldOptions } from './world/join.js';
 import type { Rendezvous } from './world/rendezvous.js';
 import { rankMachine, type FailureInfo } from '../machines/index.js';
 import { describeMachine } from './observe/machine-graph.js';
@@ -226,7 +226,7 @@ export class Group extends EventEmitter<GroupEvents> {
       await this.all((api) => api.register(peers));
       return;
     }
-    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), t.cpuSeconds * 1000);
+    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), worldWaitMs(this.opts.timeouts?.cpuSeconds));
     this.rv = joined.rv;
     joined.rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {

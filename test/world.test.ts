@@ -72,6 +72,24 @@ describe.each([[[2, 2]], [[1, 1, 1, 1]], [[1, 3]]])('a world of processes hostin
   });
 });
 
+describe('how long a process waits for its world', () => {
+  it('is RANKFLOW_RENDEZVOUS_TIMEOUT when timeouts.cpuSeconds is not given', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const lonely = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, defaultTimeouts: true }, { RANKFLOW_RENDEZVOUS_TIMEOUT: '1' });
+    children.push(lonely);
+    const e = await lonely.next('error', 30_000);
+    expect(e).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/no table after 1000 ms: could not reach the leader/) });
+  });
+
+  it('is timeouts.cpuSeconds when given', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const lonely = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, cpuSeconds: 1 }, { RANKFLOW_RENDEZVOUS_TIMEOUT: '600' });
+    children.push(lonely);
+    const e = await lonely.next('error', 30_000);
+    expect(e).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/no table after 1000 ms/) });
+  });
+});
+
 describe('a world that does not add up', () => {
   it('fails every process with EINVAL when their buffers differ', async () => {
     const url = `tcp://127.0.0.1:${await freePort()}`;

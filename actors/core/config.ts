@@ -23,7 +23,7 @@ export const config = {
   gpuSeconds: num(env.RANKFLOW_GPU_TIMEOUT, 100),
   /** RANKFLOW_HOST_RANKS: default rank count of the host backend (API: 2). */
   hostRanks: num(env.RANKFLOW_HOST_RANKS, 2),
-  /** RANKFLOW_RENDEZVOUS_TIMEOUT: seconds a process waits for the others of its world. */
+  /** RANKFLOW_RENDEZVOUS_TIMEOUT: seconds a process waits for the others of its world, unless timeouts.cpuSeconds is given. */
   rendezvousSeconds: num(env.RANKFLOW_RENDEZVOUS_TIMEOUT, 60),
   /** NCCL_HOME: where the cuda backend looks for libnccl.so.2 first. */
   ncclHome: env.NCCL_HOME,

@@ -4,6 +4,7 @@
 import { randomUUID } from 'node:crypto';
 
 import { RankflowError, invalid } from '../core/errors.js';
+import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { rendezvous, type Rendezvous } from './rendezvous.js';
 
@@ -24,6 +25,17 @@ export function checkWorld(w: unknown, localRanks: number): WorldOptions {
     throw invalid('world.rankOffset', `(${String(rankOffset)}) + ranks (${localRanks}) must fit in world.size (${size})`);
   if (typeof url !== 'string' || !/^tcp:\/\/[^/:]+:\d+$/.test(url)) throw invalid('world.rendezvous', `must be 'tcp://host:port' (got ${String(url)})`);
   return { size, rankOffset, rendezvous: url };
+}
+
+/**
+ * How long a process waits for its world (the rendezvous, the fd exchange): timeouts.cpuSeconds
+ * when the caller gave it, otherwise RANKFLOW_RENDEZVOUS_TIMEOUT (default 60 s).
+ */
+export function worldWaitMs(cpuSeconds: number | undefined): number {
+  if (cpuSeconds !== undefined) return cpuSeconds * 1000;
+  if (!(env.rendezvousSeconds > 0) || !Number.isFinite(env.rendezvousSeconds))
+    throw invalid('RANKFLOW_RENDEZVOUS_TIMEOUT', `must be a number of seconds > 0 (got ${env.rendezvousSeconds})`);
+  return env.rendezvousSeconds * 1000;
 }
 
 export interface JoinedWorld {

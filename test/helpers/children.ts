@@ -76,9 +76,12 @@ export interface Child {
   exited: Promise<number | string>;
 }
 
-/** Forks test/fixtures/<name>.mjs with one JSON argument and IPC. */
-export function forkFixture(name: string, arg: unknown): Child {
-  const proc = fork(path.join(repoRoot, 'test/fixtures', `${name}.mjs`), [JSON.stringify(arg)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+/** Forks test/fixtures/<name>.mjs with one JSON argument and IPC; `env` is added to this process's. */
+export function forkFixture(name: string, arg: unknown, env?: Record<string, string>): Child {
+  const proc = fork(path.join(repoRoot, 'test/fixtures', `${name}.mjs`), [JSON.stringify(arg)], {
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    ...(env !== undefined ? { env: { ...process.env, ...env } } : {}),
+  });
   const inbox: Message[] = [];
   const waiters: Array<{ kind: string; resolve: (m: Message) => void }> = [];
   proc.on('message', (m: Message) => {
