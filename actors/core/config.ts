@@ -25,6 +25,8 @@ export const config = {
   hostRanks: num(env.RANKFLOW_HOST_RANKS, 2),
   /** RANKFLOW_RENDEZVOUS_TIMEOUT: seconds a process waits for the others of its world, unless timeouts.cpuSeconds is given. */
   rendezvousSeconds: num(env.RANKFLOW_RENDEZVOUS_TIMEOUT, 60),
+  /** RANKFLOW_WORLD_TOKEN: the world's shared secret when world.token is not given (required off loopback). */
+  worldToken: env.RANKFLOW_WORLD_TOKEN !== undefined && env.RANKFLOW_WORLD_TOKEN !== '' ? env.RANKFLOW_WORLD_TOKEN : undefined,
   /** NCCL_HOME: where the cuda backend looks for libnccl.so.2 first. */
   ncclHome: env.NCCL_HOME,
 } as const;

@@ -1,12 +1,15 @@
 // A group spread over several processes (API.md "More than one process"): the processes meet at a
-// TCP rendezvous, check that they describe the same world, and hand each other the fds of their
-// ranks' symmetric segments over Unix sockets (SCM_RIGHTS), so every rank can map every peer.
+// TCP rendezvous (authenticated by the world's token), check that they describe the same world,
+// and hand each other the fds of their ranks' symmetric segments over Unix sockets (SCM_RIGHTS;
+// served only to the pids of the world's table), so every rank can map every peer.
 import { randomUUID } from 'node:crypto';
 
 import { RankflowError, invalid } from '../core/errors.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
-import { rendezvous, type Rendezvous } from './rendezvous.js';
+import { isLoopbackHost, tokenProblem } from './auth.js';
+import { isText } from './protocol.js';
+import { parseRendezvousUrl, rendezvous, type Rendezvous, type RendezvousPeer } from './rendezvous.js';
 
 export interface WorldOptions {
   /** ranks in the whole world, over all processes */
@@ -15,16 +18,31 @@ export interface WorldOptions {
   rankOffset: number;
   /** 'tcp://host:port': the process with rankOffset 0 listens there */
   rendezvous: string;
+  /** the world's shared secret (default RANKFLOW_WORLD_TOKEN); required unless the rendezvous is on loopback */
+  token?: string;
 }
 
+/** The world options checked, with the token's default filled in. */
 export function checkWorld(w: unknown, localRanks: number): WorldOptions {
-  if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous }');
-  const { size, rankOffset, rendezvous: url } = w as WorldOptions;
+  if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous, token? }');
+  const { size, rankOffset, rendezvous: url, token: given } = w as WorldOptions;
   if (!Number.isInteger(size) || size < 1 || size > 64) throw invalid('world.size', `must be an integer in [1, 64] (got ${String(size)})`);
   if (!Number.isInteger(rankOffset) || rankOffset < 0 || rankOffset + localRanks > size)
     throw invalid('world.rankOffset', `(${String(rankOffset)}) + ranks (${localRanks}) must fit in world.size (${size})`);
-  if (typeof url !== 'string' || !/^tcp:\/\/[^/:]+:\d+$/.test(url)) throw invalid('world.rendezvous', `must be 'tcp://host:port' (got ${String(url)})`);
-  return { size, rankOffset, rendezvous: url };
+  const at = parseRendezvousUrl(url);
+  if (at === undefined) throw invalid('world.rendezvous', `must be 'tcp://host:port' (got ${String(url)})`);
+  const token = given ?? env.worldToken;
+  if (token !== undefined) {
+    const problem = tokenProblem(token);
+    if (problem) throw invalid(given !== undefined ? 'world.token' : 'RANKFLOW_WORLD_TOKEN', problem);
+  } else if (!isLoopbackHost(at.host)) {
+    throw invalid(
+      'world.token',
+      `is required: the rendezvous ${String(url)} is not a loopback address, so any machine that reaches it could join the world; ` +
+        'set world.token (or RANKFLOW_WORLD_TOKEN) to the same secret in every process, e.g. the output of `openssl rand -hex 32`',
+    );
+  }
+  return { size, rankOffset, rendezvous: url, ...(token !== undefined ? { token } : {}) };
 }
 
 /**
@@ -48,16 +66,29 @@ export interface JoinedWorld {
 
 interface Payload { fdSocket: string; config: string; withHost: boolean }
 
+// The names joinWorld gives its fd sockets: abstract, and nothing else (a peer's payload is data).
+const FD_SOCKET = /^@rankflow-\d+-[0-9a-f]{8}$/;
+
+function payloadOf(p: RendezvousPeer): Payload {
+  const { fdSocket, config, withHost } = p.payload;
+  if (typeof fdSocket !== 'string' || !FD_SOCKET.test(fdSocket) || !isText(config, 8192) || typeof withHost !== 'boolean')
+    throw invalid('world', `ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) (pid ${p.pid}) sent a payload that is not a rankflow group's`);
+  return { fdSocket, config, withHost };
+}
+
 export async function joinWorld(w: WorldOptions, local: ExportedSegments[], config: string, timeoutMs: number): Promise<JoinedWorld> {
   const addon = loadAddon();
   const withHost = local.some((e) => e.hostFd >= 0);
   const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config, withHost };
-  const rv = await rendezvous({ url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: local.length, payload, timeoutMs });
+  const rv = await rendezvous({
+    url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: local.length, payload: { ...payload }, timeoutMs,
+    ...(w.token !== undefined ? { token: w.token } : {}),
+  });
   const received: number[] = [];
   try {
     const me = rv.peers[rv.self]!;
     for (const p of rv.peers) {
-      const theirs = p.payload as Payload;
+      const theirs = payloadOf(p);
       if (theirs.config !== config)
         throw invalid('buffer', `differs between processes: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) use ${theirs.config}, this process ${config}`);
       if (p.hostId !== me.hostId)
@@ -72,8 +103,10 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
     local.forEach((e, i) => { peers[w.rankOffset + i] = { deviceFd: e.deviceFd, hostFd: e.hostFd }; });
     // One at a time: each fetch holds a libuv pool thread while it waits for its server.
     for (const p of others) {
-      const fds = await addon.fdFetch((p.payload as Payload).fdSocket, timeoutMs, p.pid);
+      const fds = await addon.fdFetch(payloadOf(p).fdSocket, timeoutMs, p.pid);
       received.push(...fds);
+      if (fds.length !== p.localRanks * (withHost ? 2 : 1))
+        throw invalid('world', `ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) (pid ${p.pid}) passed ${fds.length} fds, not ${p.localRanks * (withHost ? 2 : 1)}`);
       for (let i = 0; i < p.localRanks; i++) peers[p.rankOffset + i] = { deviceFd: fds[i]!, hostFd: withHost ? fds[p.localRanks + i]! : -1 };
     }
     await serving;

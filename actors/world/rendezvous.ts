@@ -1,20 +1,23 @@
 // Rendezvous of the processes of one world over TCP, and the connections they keep afterwards.
 //
 // The process with rankOffset 0 is the leader: it listens on the url's host:port; every other
-// process connects to it (a star). Messages are newline-delimited JSON. The leader checks that all
-// processes name the same world size and that their rank ranges partition [0, worldSize), then
-// sends everyone the table of processes. The connections stay open: they carry `exchange` (an
-// all-gather of small JSON values, e.g. NCCL's unique id or fd socket names), tell everyone
-// when a process goes away without saying goodbye (`onPeerLost`), and relay the failures of ranks
-// whose process lives on (`announceFailure` / `onRankFailed`: a timeout, a terminated worker).
+// process connects to it (a star). Every connection first passes a challenge-response over the
+// world's token (auth.ts); only then does the leader read the process's join. The leader checks
+// that all processes name the same world size and that their rank ranges partition
+// [0, worldSize), then sends everyone the table of processes. The connections stay open: they
+// carry `exchange` (an all-gather of small JSON values, e.g. NCCL's unique id), tell everyone when
+// a process goes away without saying goodbye (`onPeerLost`), and relay the failures of ranks whose
+// process lives on (`announceFailure` / `onRankFailed`: a timeout, a terminated worker).
 //
-// This file holds the entry point and the types; leader.ts and follower.ts form the world,
-// session.ts keeps it, channel.ts frames the messages, protocol.ts names them.
+// This file holds the entry point and the types; auth.ts admits connections, leader.ts and
+// follower.ts form the world, session.ts keeps it, channel.ts frames the messages and bounds
+// them, protocol.ts names and checks them.
 import { RankflowError } from '../core/errors.js';
+import { isLoopbackHost, tokenProblem } from './auth.js';
 import { follow } from './follower.js';
 import { hostId as localHostId } from './host-id.js';
 import { lead } from './leader.js';
-import { fmt, PROTOCOL, toWire, type Hello } from './protocol.js';
+import { LIMITS, fmt, isObject, jsonBytes, toWire, type Join } from './protocol.js';
 
 export interface RendezvousOptions {
   /** `tcp://host:port`; the process with rankOffset 0 listens there, the others connect. */
@@ -24,18 +27,36 @@ export interface RendezvousOptions {
   rankOffset: number;
   /** Ranks hosted by this process: global ids [rankOffset, rankOffset + localRanks). */
   localRanks: number;
-  /** Any JSON value; every process sees every process's payload in the table. */
-  payload?: unknown;
+  /** A JSON object (default {}); every process sees every process's payload in the table. */
+  payload?: Record<string, unknown>;
   /** Bound on the whole rendezvous, and the default bound of each `exchange`. */
   timeoutMs: number;
+  /** The world's shared secret, the same in every process; required unless the url's host is loopback. */
+  token?: string;
+  /** Which node this process is on (default: hostId()); carried in the table. */
+  nodeId?: string;
+  /** Called for each connection the leader drops (besides the NODE_DEBUG=rankflow log). */
+  onDropped?: (d: DroppedConnection) => void;
+}
+
+/** A connection the leader let go without admitting it to the world: a stranger, or a join it refused. */
+export interface DroppedConnection {
+  /** "host:port" of the peer */
+  remote: string;
+  reason: string;
+  /** bytes it had sent */
+  bytes: number;
 }
 
 export interface RendezvousPeer {
   rankOffset: number;
   localRanks: number;
-  payload: unknown;
-  /** Equal for processes that can pass fds to each other (see hostId.ts). */
+  /** The process's payload: a JSON object. */
+  payload: Record<string, unknown>;
+  /** Equal for processes that can pass fds to each other (see host-id.ts). */
   hostId: string;
+  /** The node the process says it is on (world.nodeId; default its hostId). */
+  nodeId: string;
   pid: number;
 }
 
@@ -43,6 +64,7 @@ export interface PeerLost {
   rankOffset: number;
   localRanks: number;
   hostId: string;
+  nodeId: string;
   /** What was seen: the socket error or "connection closed", and by whom. */
   reason: string;
 }
@@ -62,12 +84,14 @@ export interface Rendezvous {
   readonly self: number;
   /**
    * All-gather: every process calls it with its value, in the same order; resolves with the
-   * values of all processes in `peers` order. Values cross as JSON (undefined becomes null).
+   * values of all processes in `peers` order. Values cross as JSON (undefined becomes null), at
+   * most exchangeLimit(peers.length) bytes each (session.ts; ~64 KiB in a world of 64).
    */
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
   /**
-   * Called once per process that disappears without `close()` (crash, kill, network). Losses
-   * that happened before registration are replayed. Returns an unsubscribe function.
+   * Called once per process that disappears without `close()` (crash, kill, network, or a
+   * message that breaks the protocol). Losses that happened before registration are replayed.
+   * Returns an unsubscribe function.
    */
   onPeerLost(cb: (lost: PeerLost) => void): () => void;
   /** Tells every other process that a rank of this one failed (best effort: fire and forget). */
@@ -80,24 +104,58 @@ export interface Rendezvous {
   /** Says goodbye and closes the connections; pending exchanges reject with STATE. */
   close(): Promise<void>;
 }
+
+/** What leader.ts and follower.ts need to form a world. */
+export interface Forming {
+  host: string;
+  port: number;
+  /** The HMAC key: the token, or '' in a world without one (loopback only). */
+  key: string;
+  deadline: number;
+  timeoutMs: number;
+  /** "rendezvous at tcp://...": how messages begin. */
+  where: string;
+  onDropped?: (d: DroppedConnection) => void;
+}
+
 /** Meets the other processes of the world; see the file header. */
 export async function rendezvous(opts: RendezvousOptions): Promise<Rendezvous> {
   const { host, port } = checkOptions(opts);
-  const hello: Hello = {
-    t: 'hello',
-    proto: PROTOCOL,
+  const hostId = localHostId();
+  const self: Join = {
+    t: 'join',
     worldSize: opts.worldSize,
     rankOffset: opts.rankOffset,
     localRanks: opts.localRanks,
-    payload: toWire(opts.payload, 'payload'),
-    hostId: localHostId(),
+    payload: toWire(opts.payload ?? {}, 'payload') as Record<string, unknown>,
+    hostId,
+    nodeId: opts.nodeId ?? hostId,
     pid: process.pid,
   };
-  const deadline = Date.now() + opts.timeoutMs;
-  const where = `rendezvous at ${opts.url}`;
-  return opts.rankOffset === 0
-    ? lead(hello, host, port, deadline, opts.timeoutMs, where)
-    : follow(hello, host, port, deadline, opts.timeoutMs, where);
+  const forming: Forming = {
+    host,
+    port,
+    key: opts.token ?? '',
+    deadline: Date.now() + opts.timeoutMs,
+    timeoutMs: opts.timeoutMs,
+    where: `rendezvous at ${opts.url}`,
+    onDropped: opts.onDropped,
+  };
+  return opts.rankOffset === 0 ? lead(self, forming) : follow(self, forming);
+}
+
+/** Host and port of a `tcp://host:port` url (IPv6 in brackets), or undefined. */
+export function parseRendezvousUrl(url: unknown): { host: string; port: number } | undefined {
+  if (typeof url !== 'string') return undefined;
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    return undefined;
+  }
+  if (u.protocol !== 'tcp:' || u.hostname === '' || u.port === '' || u.port === '0' || u.pathname !== '' || u.search !== '' || u.username !== '')
+    return undefined;
+  return { host: u.hostname.replace(/^\[(.*)\]$/, '$1'), port: Number(u.port) };
 }
 
 function checkOptions(opts: RendezvousOptions): { host: string; port: number } {
@@ -110,13 +168,23 @@ function checkOptions(opts: RendezvousOptions): { host: string; port: number } {
   if (opts.rankOffset + opts.localRanks > opts.worldSize)
     bad(`ranks ${fmt([opts.rankOffset, opts.rankOffset + opts.localRanks])} do not fit in worldSize ${opts.worldSize}`);
   if (!(opts.timeoutMs > 0) || !Number.isFinite(opts.timeoutMs)) bad(`timeoutMs must be a finite number > 0, got ${opts.timeoutMs}`);
-  let url: URL | undefined;
-  try {
-    url = new URL(opts.url);
-  } catch {
-    url = undefined;
-  }
-  if (url === undefined || url.protocol !== 'tcp:' || url.hostname === '' || url.port === '' || url.port === '0')
-    return bad(`url must look like tcp://host:port (port > 0), got ${JSON.stringify(opts.url)}`);
-  return { host: url.hostname.replace(/^\[(.*)\]$/, '$1'), port: Number(url.port) };
+  if (opts.payload !== undefined && !isObject(opts.payload)) bad('payload must be a JSON object');
+  if (opts.payload !== undefined && jsonBytes(toWire(opts.payload, 'payload')) > LIMITS.payloadBytes)
+    bad(`payload is more than ${LIMITS.payloadBytes} bytes of JSON`);
+  const nodeId = opts.nodeId === undefined ? undefined : nodeIdProblem(opts.nodeId);
+  if (nodeId) bad(`nodeId ${nodeId}`);
+  const at = parseRendezvousUrl(opts.url);
+  if (at === undefined) return bad(`url must look like tcp://host:port (port > 0), got ${JSON.stringify(opts.url)}`);
+  const token = opts.token === undefined ? undefined : tokenProblem(opts.token);
+  if (token) bad(`token ${token}`);
+  if (opts.token === undefined && !isLoopbackHost(at.host))
+    bad(`token is required: ${at.host} is not a loopback address, so other machines can reach the rendezvous`);
+  return at;
+}
+
+/** What is wrong with a nodeId, or undefined. */
+export function nodeIdProblem(nodeId: unknown): string | undefined {
+  if (typeof nodeId !== 'string' || nodeId === '' || nodeId.length > LIMITS.idChars)
+    return `must be a non-empty string of at most ${LIMITS.idChars} characters (got ${typeof nodeId === 'string' ? `${nodeId.length} characters` : typeof nodeId})`;
+  return undefined;
 }

@@ -1,10 +1,24 @@
 // A formed world's connections, after the table: `exchange` (an all-gather of small JSON values
-// through the leader), loss detection, failure relay, and close. The leader's side and a
-// follower's side implement one abstract Session.
+// through the leader), loss detection, failure relay (a star: the leader passes each follower's
+// announcements on), and close. The leader's side and a follower's side implement one abstract
+// Session. Every message is checked before it is acted on; a peer that breaks the protocol is
+// cut off, and reported lost with what it sent.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { toWire, who, type Hello, type Message } from './protocol.js';
+import {
+  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, toFailure, toWire, who,
+  type Join, type Message,
+} from './protocol.js';
 import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer } from './rendezvous.js';
+
+// How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
+// one ahead (it cannot finish #n without the leader's value for #n).
+const MAX_SEQ_AHEAD = 16;
+
+/** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
+export function exchangeLimit(processes: number): number {
+  return Math.floor((LIMITS.lineBytes - (64 << 10)) / processes);
+}
 
 interface PendingExchange {
   values: unknown[];
@@ -38,9 +52,9 @@ abstract class Session implements Rendezvous {
     return () => this.failureListeners.delete(cb);
   }
 
-  /** A failure another process announced: for this process's listeners. */
+  /** A failure another process announced (checked): for this process's listeners. */
   protected rankFailed(f: RankFailure): void {
-    if (this.closed || typeof f?.rank !== 'number' || typeof f.message !== 'string') return;
+    if (this.closed) return;
     this.failures.push(f);
     for (const cb of this.failureListeners) cb(f);
   }
@@ -55,7 +69,7 @@ abstract class Session implements Rendezvous {
     if (this.closed || this.lost.has(index) || index === this.self) return;
     const p = this.peers[index];
     if (p === undefined) return;
-    const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, reason };
+    const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, nodeId: p.nodeId, reason };
     this.lost.set(index, l);
     this.failPending(this.lostError(index));
     for (const cb of this.listeners) cb(l);
@@ -67,6 +81,25 @@ abstract class Session implements Rendezvous {
     return new RankflowError('RANK_FAILED', `${this.where}: ${who(p)} was lost (${l?.reason ?? 'unknown'})`, {
       rank: p.rankOffset,
     });
+  }
+
+  /** This process's value for exchange #seq, as it will cross; EINVAL if it cannot. */
+  protected wire(value: unknown, seq: number): unknown {
+    const wire = toWire(value, `exchange #${seq} value`);
+    const bytes = jsonBytes(wire);
+    const limit = exchangeLimit(this.peers.length);
+    if (bytes > limit)
+      throw new RankflowError('EINVAL', `${this.where}: exchange #${seq} value is ${bytes} bytes of JSON; at most ${limit} in a world of ${this.peers.length} processes`);
+    return wire;
+  }
+
+  /** A failure of a local rank, as it crosses: bounded, as the receivers check it. */
+  protected static failureWire(f: RankFailure): RankFailure {
+    return {
+      rank: f.rank,
+      message: String(f.message).slice(0, LIMITS.textChars),
+      ...(f.phase !== undefined ? { phase: String(f.phase).slice(0, LIMITS.idChars) } : {}),
+    };
   }
 
   /** The first error a new exchange must fail with, if any. */
@@ -91,16 +124,26 @@ export class LeaderSession extends Session {
     channels.forEach((ch, index) => {
       if (ch === undefined) return;
       ch.keepAlive();
+      const peer = peers[index]!;
       ch.listen(
         (m) => {
-          if (m.t === 'x') this.contribute(m.seq, index, m.value);
-          else if (m.t === 'failed') {
+          if (m.t === 'x') {
+            if (!isInt(m.seq, 1, this.seq + MAX_SEQ_AHEAD)) return ch.drop(`it sent a value for exchange #${quote(m.seq)} while the leader is at #${this.seq}`);
+            const bytes = jsonBytes(m.value);
+            if (bytes > exchangeLimit(this.peers.length)) return ch.drop(`it sent a ${bytes}-byte exchange value`);
+            this.contribute(m.seq, index, m.value);
+          } else if (m.t === 'failed') {
+            const problem = failureProblem(m.failure, peer);
+            if (problem) return ch.drop(`it announced an invalid failure: ${problem}`);
+            const failure = toFailure(m.failure as Record<string, unknown>);
             // A star: the leader passes a follower's failure on to the other followers.
-            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'failed', from: index, failure: m.failure });
-            this.rankFailed(m.failure);
+            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'failed', from: index, failure });
+            this.rankFailed(failure);
           } else if (m.t === 'bye') {
             this.goodbyes.add(index);
             ch.end();
+          } else {
+            ch.drop(`it sent ${quote(m.t)}, not a message of a formed world`);
           }
         },
         (reason) => {
@@ -119,7 +162,7 @@ export class LeaderSession extends Session {
     if (refused) return Promise.reject(refused);
     let wire: unknown;
     try {
-      wire = toWire(value, `exchange #${seq} value`);
+      wire = this.wire(value, seq);
     } catch (e) {
       return Promise.reject(e);
     }
@@ -141,7 +184,7 @@ export class LeaderSession extends Session {
 
   announceFailure(failure: RankFailure): void {
     if (this.closed) return;
-    this.broadcast({ t: 'failed', from: this.self, failure: toWire(failure, 'failure') as RankFailure });
+    this.broadcast({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
   }
 
   private entry(seq: number): PendingExchange {
@@ -157,6 +200,7 @@ export class LeaderSession extends Session {
     // Values for an exchange we already gave up on (timed out) are late: drop them.
     if (seq <= this.seq && !this.pending.has(seq) && index !== this.self) return;
     const p = this.entry(seq);
+    if (p.have[index]) return;  // a second value from one process: the first one stands
     p.values[index] = value ?? null;
     p.have[index] = true;
     if (!p.have.every(Boolean) || p.settle === undefined) return;
@@ -194,7 +238,7 @@ export class FollowerSession extends Session {
   constructor(
     peers: RendezvousPeer[],
     private readonly channel: Channel,
-    self: Hello,
+    self: Join,
     timeoutMs: number,
     where: string,
   ) {
@@ -208,12 +252,28 @@ export class FollowerSession extends Session {
     const leader = 0;
     channel.listen(
       (m) => {
-        if (m.t === 'xall') this.settle(m.seq, (s) => s.resolve(m.values));
-        else if (m.t === 'xerr')
-          this.settle(m.seq, (s) => s.reject(new RankflowError(m.code, m.message, m.rank === undefined ? undefined : { rank: m.rank })));
-        else if (m.t === 'lost') this.markLost(m.index, m.reason);
-        else if (m.t === 'failed') this.rankFailed(m.failure);
-        else if (m.t === 'bye') this.leaderLeft = true;
+        const n = this.peers.length;
+        if (m.t === 'xall') {
+          if (!isInt(m.seq, 1, this.seq) || !Array.isArray(m.values) || m.values.length !== n)
+            return channel.drop(`the leader sent an invalid result for exchange #${quote(m.seq)}`);
+          const values = m.values as unknown[];
+          this.settle(m.seq, (s) => s.resolve(values));
+        } else if (m.t === 'xerr') {
+          const problem = isInt(m.seq, 1, this.seq) ? errorProblem(m) : 'no such exchange';
+          if (problem) return channel.drop(`the leader sent an invalid error for exchange #${quote(m.seq)}: ${problem}`);
+          this.settle(m.seq as number, (s) => s.reject(new RankflowError(m.code as never, m.message as string, m.rank === undefined ? undefined : { rank: m.rank as number })));
+        } else if (m.t === 'lost') {
+          if (!isInt(m.index, 0, n - 1) || !isText(m.reason, LIMITS.textChars)) return channel.drop('the leader sent an invalid loss');
+          this.markLost(m.index, m.reason);
+        } else if (m.t === 'failed') {
+          const problem = isInt(m.from, 0, n - 1) && m.from !== this.self ? failureProblem(m.failure, this.peers[m.from]!) : `from ${quote(m.from)} is not another process`;
+          if (problem) return channel.drop(`the leader relayed an invalid failure: ${problem}`);
+          this.rankFailed(toFailure(m.failure as Record<string, unknown>));
+        } else if (m.t === 'bye') {
+          this.leaderLeft = true;
+        } else {
+          channel.drop(`the leader sent ${quote(m.t)}, not a message of a formed world`);
+        }
       },
       (reason) => {
         if (this.closed) return;
@@ -242,7 +302,7 @@ export class FollowerSession extends Session {
     if (refused) return Promise.reject(refused);
     let wire: unknown;
     try {
-      wire = toWire(value, `exchange #${seq} value`);
+      wire = this.wire(value, seq);
     } catch (e) {
       return Promise.reject(e);
     }
@@ -259,7 +319,7 @@ export class FollowerSession extends Session {
 
   announceFailure(failure: RankFailure): void {
     if (this.closed || this.leaderLeft) return;
-    this.channel.send({ t: 'failed', from: this.self, failure: toWire(failure, 'failure') as RankFailure });
+    this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
   }
 
   protected failPending(error: RankflowError): void {

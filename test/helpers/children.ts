@@ -71,6 +71,8 @@ export interface Child {
   proc: ChildProcess;
   /** The next message of this kind (messages are kept until taken). */
   next(kind: string, timeoutMs?: number): Promise<Message>;
+  /** Takes every message of this kind received so far. */
+  taken(kind: string): Message[];
   send(m: unknown): void;
   /** Exit code, or the signal's name. */
   exited: Promise<number | string>;
@@ -94,6 +96,11 @@ export function forkFixture(name: string, arg: unknown, env?: Record<string, str
     proc,
     exited,
     send: (m) => proc.send(m as never),
+    taken(kind) {
+      const out = inbox.filter((m) => m.kind === kind);
+      inbox.splice(0, inbox.length, ...inbox.filter((m) => m.kind !== kind));
+      return out;
+    },
     next(kind, timeoutMs = 10_000) {
       const i = inbox.findIndex((m) => m.kind === kind);
       if (i >= 0) return Promise.resolve(inbox.splice(i, 1)[0]!);
