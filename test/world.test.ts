@@ -80,6 +80,8 @@ describe('the world options', () => {
     [{ rendezvous: 'tcp://[2001:db8::1]:29500' }, /^world\.token: is required/],
     [{ token: 'short' }, /^world\.token: must be a string of 16 to 1024 characters/],
     [{ token: 42 }, /^world\.token: must be a string .*got number/],
+    [{ nodeId: '' }, /^world\.nodeId: must be a non-empty string of at most 256 characters/],
+    [{ nodeId: 'n'.repeat(300) }, /^world\.nodeId: must be a non-empty string/],
     [{ rendezvous: 'tcp://host:1/path' }, /^world\.rendezvous: must be 'tcp:\/\/host:port'/],
   ])('%j is rejected with EINVAL naming the option, before any rank starts', async (patch, message) => {
     await expect(createGroup({ ranks: 1, backend: 'host', buffer, world: { ...base, ...patch } as never })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
@@ -124,6 +126,18 @@ describe('how long a process waits for its world', () => {
     children.push(lonely);
     const e = await lonely.next('error', 30_000);
     expect(e).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/no table after 1000 ms/) });
+  });
+});
+
+describe('processes that name different nodes', () => {
+  it('are refused with BACKEND_UNAVAILABLE: the scale-out transport is not built yet', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const a = forkFixture('world-child', { url, worldSize: 2, rankOffset: 0, ranks: 1, nodeId: 'node-a' });
+    const b = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, nodeId: 'node-b' });
+    children.push(a, b);
+    for (const e of await Promise.all([a.next('error', 30_000), b.next('error', 30_000)]))
+      expect(e).toMatchObject({ code: 'BACKEND_UNAVAILABLE', message: expect.stringMatching(/are on node node-[ab] .* this process on node node-[ab] .*scale-out transport, which is not built yet/) });
+    expect(await Promise.all([a.exited, b.exited])).toEqual([0, 0]);
   });
 });
 

@@ -8,8 +8,9 @@ import { RankflowError, invalid } from '../core/errors.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
+import { hostId } from './host-id.js';
 import { isText } from './protocol.js';
-import { parseRendezvousUrl, rendezvous, type Rendezvous, type RendezvousPeer } from './rendezvous.js';
+import { nodeIdProblem, parseRendezvousUrl, rendezvous, type Rendezvous, type RendezvousPeer } from './rendezvous.js';
 
 export interface WorldOptions {
   /** ranks in the whole world, over all processes */
@@ -20,12 +21,14 @@ export interface WorldOptions {
   rendezvous: string;
   /** the world's shared secret (default RANKFLOW_WORLD_TOKEN); required unless the rendezvous is on loopback */
   token?: string;
+  /** which node this process is on (default: this host's id, host-id.ts) */
+  nodeId?: string;
 }
 
-/** The world options checked, with the token's default filled in. */
+/** The world options checked, with the token and nodeId defaults filled in. */
 export function checkWorld(w: unknown, localRanks: number): WorldOptions {
-  if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous, token? }');
-  const { size, rankOffset, rendezvous: url, token: given } = w as WorldOptions;
+  if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous, token?, nodeId? }');
+  const { size, rankOffset, rendezvous: url, token: given, nodeId: named } = w as WorldOptions;
   if (!Number.isInteger(size) || size < 1 || size > 64) throw invalid('world.size', `must be an integer in [1, 64] (got ${String(size)})`);
   if (!Number.isInteger(rankOffset) || rankOffset < 0 || rankOffset + localRanks > size)
     throw invalid('world.rankOffset', `(${String(rankOffset)}) + ranks (${localRanks}) must fit in world.size (${size})`);
@@ -42,7 +45,10 @@ export function checkWorld(w: unknown, localRanks: number): WorldOptions {
         'set world.token (or RANKFLOW_WORLD_TOKEN) to the same secret in every process, e.g. the output of `openssl rand -hex 32`',
     );
   }
-  return { size, rankOffset, rendezvous: url, ...(token !== undefined ? { token } : {}) };
+  const nodeId = named ?? hostId();
+  const problem = nodeIdProblem(nodeId);
+  if (problem) throw invalid('world.nodeId', problem);
+  return { size, rankOffset, rendezvous: url, nodeId, ...(token !== undefined ? { token } : {}) };
 }
 
 /**
@@ -82,7 +88,7 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
   const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config, withHost };
   const rv = await rendezvous({
     url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: local.length, payload: { ...payload }, timeoutMs,
-    ...(w.token !== undefined ? { token: w.token } : {}),
+    ...(w.token !== undefined ? { token: w.token } : {}), ...(w.nodeId !== undefined ? { nodeId: w.nodeId } : {}),
   });
   const received: number[] = [];
   try {
@@ -91,8 +97,9 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
       const theirs = payloadOf(p);
       if (theirs.config !== config)
         throw invalid('buffer', `differs between processes: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) use ${theirs.config}, this process ${config}`);
-      if (p.hostId !== me.hostId)
-        throw new RankflowError('BACKEND_UNAVAILABLE', `the host backend needs every rank on one host: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) are on ${p.hostId}, this process on ${me.hostId} (across machines, NCCL carries the scale-out domain: backend 'cuda')`);
+      // Until the scale-out transport exists, every process of a world shares memory with every other.
+      if (p.hostId !== me.hostId || p.nodeId !== me.nodeId)
+        throw new RankflowError('BACKEND_UNAVAILABLE', `ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) are on node ${p.nodeId} (host ${p.hostId}), this process on node ${me.nodeId} (host ${me.hostId}): processes on different nodes or hosts would talk over the scale-out transport, which is not built yet; run every process of the world on one host with one nodeId`);
     }
     const mine = [...local.map((e) => e.deviceFd), ...(withHost ? local.map((e) => e.hostFd) : [])];
     const others = rv.peers.filter((_, i) => i !== rv.self);
