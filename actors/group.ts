@@ -21,7 +21,7 @@ import {
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './core/validate.js';
 import { engramSizeHint, sizeHint } from './core/hints.js';
-import { checkWorld, joinWorld, type WorldOptions } from './world/join.js';
+import { checkWorld, joinWorld, worldWaitMs, type WorldOptions } from './world/join.js';
 import type { Rendezvous } from './world/rendezvous.js';
 import { rankMachine, type FailureInfo } from '../machines/index.js';
 import { describeMachine } from './observe/machine-graph.js';
@@ -246,7 +246,7 @@ export class Group extends EventEmitter<GroupEvents> {
     // Processes must not share a GPU (their kernels time-slice: one waiting for a peer would crawl):
     // each says which GPUs its ranks use, and the world refuses a GPU named by two processes.
     const gpus = this.backend === 'cuda' ? localGpuIds(this.size, this.rankOffset, t.devices) : [];
-    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), t.cpuSeconds * 1000, gpus);
+    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), worldWaitMs(this.opts.timeouts?.cpuSeconds), gpus);
     this.rv = joined.rv;
     joined.rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {

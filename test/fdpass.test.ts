@@ -1,7 +1,7 @@
 // fdServe/fdFetch: SCM_RIGHTS fd passing between processes of one host, through the scratch addon
 // (native/test-fdpass: fdpass.cc + a memfd helper). The fds passed are memfds, as the host
 // backend's symmetric memory is made of.
-import { execFileSync } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import fs from 'node:fs';
 import { createRequire } from 'node:module';
 import os from 'node:os';
@@ -11,8 +11,8 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { ensureFdpassAddon, forkFixture, killAll, repoRoot, type Child } from './helpers/children.js';
 
 interface FdPassAddon {
-  fdServe(socketPath: string, fds: number[], expectedClients: number, timeoutMs: number): Promise<void>;
-  fdFetch(socketPath: string, timeoutMs: number): Promise<number[]>;
+  fdServe(socketPath: string, fds: number[], clients: number[], timeoutMs: number): Promise<void>;
+  fdFetch(socketPath: string, timeoutMs: number, serverPid?: number): Promise<number[]>;
   memfdCreate(size: number): number;
   closeFd(fd: number): void;
 }
@@ -32,6 +32,7 @@ const socketName = (): string => `@rankflow-test-${process.pid}-${++names}`;
 // our fds by number; exact counts are checked in the quiet forked processes above.
 const openFds = (): Set<number> => new Set(fs.readdirSync('/proc/self/fd').map(Number));
 const inode = (fd: number): number => fs.fstatSync(fd).ino;
+const me = process.pid;
 
 describe('fd passing between processes', () => {
   it('a client in another process shares the memfd with the server, and neither leaks an fd', async () => {
@@ -40,7 +41,7 @@ describe('fd passing between processes', () => {
     const client = forkFixture('fdpass-peer', { role: 'client', addonPath, socketPath, timeoutMs: 5000 });
     children.push(client);
     await new Promise((r) => setTimeout(r, 200));
-    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 5000 });
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 5000, clients: [client.proc.pid] });
     children.push(server);
 
     const fetched = await client.next('fetched');
@@ -58,15 +59,73 @@ describe('fd passing between processes', () => {
     expect(await Promise.all([client.exited, server.exited])).toEqual([0, 0]);
   });
 
+  it('a stranger process of the same user gets no fd and does not count as a client', async () => {
+    const socketPath = socketName();
+    const member = forkFixture('fdpass-peer', { role: 'client', addonPath, socketPath, timeoutMs: 5000, waitForGo: true });
+    children.push(member);
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 5000, clients: [member.proc.pid] });
+    children.push(server);
+    // The stranger knows the name (abstract names are listed in /proc/net/unix) and runs as us.
+    const stranger = forkFixture('fdpass-peer', { role: 'client', addonPath, socketPath, timeoutMs: 5000 });
+    children.push(stranger);
+    const refused = await stranger.next('error');
+    expect(refused.code).toBe('EINVAL');
+    expect(refused.message).toMatch(
+      new RegExp(`^fdFetch\\(${socketPath}\\): the server \\(pid ${server.proc.pid}\\) refused this process: it serves only the processes of its world, and pid ${stranger.proc.pid} .* is not one of them`),
+    );
+    expect(refused.after).toBe(refused.before);  // nothing received, nothing left open
+
+    // The server still waits for its one member, and serves it.
+    member.send({ cmd: 'go' });
+    const fetched = await member.next('fetched');
+    expect(fetched.text).toBe('written by the server');
+    await server.next('served');
+    server.send({ cmd: 'check' });
+    await server.next('checked');
+    expect(await Promise.all([member.exited, server.exited, stranger.exited])).toEqual([0, 0, 0]);
+  });
+
+  it('a server that names no member times out saying whom it refused', async () => {
+    const socketPath = socketName();
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 1500, clients: [process.pid] });
+    children.push(server);
+    const stranger = forkFixture('fdpass-peer', { role: 'client', addonPath, socketPath, timeoutMs: 1500 });
+    children.push(stranger);
+    expect((await stranger.next('error')).message).toMatch(/refused this process/);
+    const e = await server.next('error');
+    expect(e.code).toBe('TIMEOUT_CPU');
+    expect(e.message).toMatch(new RegExp(`with 0 of 1 clients served; refused 1 connection from processes outside the world \\(last: pid ${stranger.proc.pid}\\)$`));
+  });
+
+  it('a client that names the server it expects refuses another one', async () => {
+    const socketPath = socketName();
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 3000, clients: [process.pid] });
+    children.push(server);
+    await expect(addon.fdFetch(socketPath, 3000, process.pid)).rejects.toMatchObject({
+      code: 'EINVAL',
+      message: expect.stringMatching(new RegExp(`the server is pid ${server.proc.pid}, not pid ${process.pid} \\(the process that announced this socket\\); refusing its fds$`)),
+    });
+    const [fd] = await addon.fdFetch(socketPath, 3000, server.proc.pid!);
+    expect(fs.readFileSync(`/proc/self/fd/${fd}`, 'utf8').startsWith('written by the server')).toBe(true);
+    addon.closeFd(fd!);
+    await server.next('served');
+  });
+
   it('a client that runs out of fds mid-way closes what it received and reports it; the server says why', async () => {
     const socketPath = socketName();
-    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 2000, count: 600 });
+    // The client's pid is the shell's, which execs node: it is known before the server starts.
+    const arg = JSON.stringify({ role: 'starved-client', addonPath, socketPath, timeoutMs: 2000 });
+    const starved = spawn('bash', ['-c', 'read go && ulimit -n 100 && exec "$0" "$1" "$2"', process.execPath, path.join(repoRoot, 'test/fixtures/fdpass-peer.mjs'), arg], {
+      stdio: ['pipe', 'pipe', 'inherit'],
+    });
+    const server = forkFixture('fdpass-peer', { role: 'server', addonPath, socketPath, timeoutMs: 2000, count: 600, clients: [starved.pid] });
     children.push(server);
     // 600 fds do not fit under a limit of 100: recvmsg installs some, then truncates.
-    const arg = JSON.stringify({ role: 'starved-client', addonPath, socketPath, timeoutMs: 2000 });
-    const out = execFileSync('bash', ['-c', 'ulimit -n 100 && exec "$0" "$1" "$2"', process.execPath, path.join(repoRoot, 'test/fixtures/fdpass-peer.mjs'), arg], {
-      encoding: 'utf8',
-    });
+    let out = '';
+    starved.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    const exited = new Promise((resolve) => starved.on('exit', resolve));
+    starved.stdin.end('go\n');
+    expect(await exited).toBe(0);
     const m = JSON.parse(out.trim()) as { kind: string; code: string; message: string; before: number; after: number };
     expect(m.kind).toBe('error');
     expect(m.code).toBe('EINVAL');
@@ -85,7 +144,7 @@ describe('fd passing in one process', () => {
     const memfd = addon.memfdCreate(4096);
     const fds = Array.from({ length: 600 }, () => memfd);
     const socketPath = socketName();
-    const served = addon.fdServe(socketPath, fds, 2, 5000);
+    const served = addon.fdServe(socketPath, fds, [me, me], 5000);
     const [a, b] = await Promise.all([addon.fdFetch(socketPath, 5000), addon.fdFetch(socketPath, 5000)]);
     await served;
     for (const got of [a!, b!]) {
@@ -113,7 +172,7 @@ describe('fd passing in one process', () => {
 
   it('passes an empty list', async () => {
     const socketPath = socketName();
-    const served = addon.fdServe(socketPath, [], 1, 2000);
+    const served = addon.fdServe(socketPath, [], [me], 2000);
     expect(await addon.fdFetch(socketPath, 2000)).toEqual([]);
     await served;
   });
@@ -123,7 +182,7 @@ describe('fd passing in one process', () => {
     const socketPath = socketName();
     const fetched = addon.fdFetch(socketPath, 5000);
     await new Promise((r) => setTimeout(r, 300));
-    await addon.fdServe(socketPath, [memfd], 1, 5000);
+    await addon.fdServe(socketPath, [memfd], [me], 5000);
     const [fd] = await fetched;
     expect(inode(fd!)).toBe(inode(memfd));
     addon.closeFd(fd!);
@@ -133,12 +192,12 @@ describe('fd passing in one process', () => {
   it('a filesystem socket path works and is removed afterwards', async () => {
     const memfd = addon.memfdCreate(4096);
     const socketPath = path.join(os.tmpdir(), `rankflow-test-${process.pid}-${++names}.sock`);
-    const served = addon.fdServe(socketPath, [memfd], 1, 5000);
+    const served = addon.fdServe(socketPath, [memfd], [me], 5000);
     const [fd] = await addon.fdFetch(socketPath, 5000);
     await served;
     expect(fs.existsSync(socketPath)).toBe(false);
     addon.closeFd(fd!);
-    await expect(addon.fdServe(socketPath, [memfd], 1, 100)).rejects.toMatchObject({ code: 'TIMEOUT_CPU' });
+    await expect(addon.fdServe(socketPath, [memfd], [me], 100)).rejects.toMatchObject({ code: 'TIMEOUT_CPU' });
     expect(fs.existsSync(socketPath)).toBe(false);
     addon.closeFd(memfd);
   });
@@ -158,7 +217,7 @@ describe('fd passing in one process', () => {
   it('fdServe times out with TIMEOUT_CPU saying how many clients it served', async () => {
     const memfd = addon.memfdCreate(4096);
     const socketPath = socketName();
-    const served = addon.fdServe(socketPath, [memfd], 2, 500);
+    const served = addon.fdServe(socketPath, [memfd], [me, me], 500);
     const [fd] = await addon.fdFetch(socketPath, 500);
     await expect(served).rejects.toMatchObject({
       code: 'TIMEOUT_CPU',
@@ -171,9 +230,9 @@ describe('fd passing in one process', () => {
   it('a second server on the same name fails with EADDRINUSE', async () => {
     const memfd = addon.memfdCreate(4096);
     const socketPath = socketName();
-    const first = addon.fdServe(socketPath, [memfd], 1, 2000);
+    const first = addon.fdServe(socketPath, [memfd], [me], 2000);
     await new Promise((r) => setTimeout(r, 100));
-    await expect(addon.fdServe(socketPath, [memfd], 1, 2000)).rejects.toMatchObject({
+    await expect(addon.fdServe(socketPath, [memfd], [me], 2000)).rejects.toMatchObject({
       code: 'EINVAL',
       message: expect.stringMatching(/bind failed: Address already in use \(another server holds this name/),
     });
@@ -186,10 +245,12 @@ describe('fd passing in one process', () => {
     const memfd = addon.memfdCreate(4096);
     addon.closeFd(memfd); // now a closed fd number
     const cases: Array<[() => Promise<unknown>, RegExp]> = [
-      [() => addon.fdServe('@x', [memfd], 1, 100), /fdServe\(@x\): fds\[0\] = \d+: fcntl\(F_GETFD\) failed: Bad file descriptor/],
-      [() => addon.fdServe('@x', [1.5], 1, 100), /fds\[0\] is not a non-negative integer/],
-      [() => addon.fdServe('@x', [], -1, 100), /expectedClients must be an integer >= 0/],
-      [() => addon.fdServe('@x', [], 1, 0), /timeoutMs must be a number > 0/],
+      [() => addon.fdServe('@x', [memfd], [me], 100), /fdServe\(@x\): fds\[0\] = \d+: fcntl\(F_GETFD\) failed: Bad file descriptor/],
+      [() => addon.fdServe('@x', [1.5], [me], 100), /fds\[0\] is not a non-negative integer/],
+      [() => addon.fdServe('@x', [], [me, 0], 100), /clients\[1\] is not a pid \(an integer >= 1\)/],
+      [() => (addon.fdServe as (...a: unknown[]) => Promise<unknown>)('@x', [], 1, 100), /bad arguments/],
+      [() => addon.fdServe('@x', [], [me], 0), /timeoutMs must be a number > 0/],
+      [() => addon.fdFetch('@x', 100, 1.5), /serverPid is not a pid/],
       [() => addon.fdFetch('', 100), /socketPath is empty/],
       [() => addon.fdFetch(`@${'x'.repeat(200)}`, 100), /socketPath is 200 bytes, a Unix socket name holds at most 107/],
       [() => (addon.fdFetch as (...a: unknown[]) => Promise<unknown>)(42), /bad arguments/],

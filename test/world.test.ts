@@ -2,14 +2,14 @@
 // rendezvous, pass their ranks' memory fds over Unix sockets, and run every collective together.
 import { afterEach, describe, expect, it } from 'vitest';
 
-import { ensureCompiled, forkFixture, freePort, killAll, type Child } from './helpers/children.js';
-import { bf16ToFloat, floatToBf16 } from '../actors/index.js';
+import { ensureCompiled, forkFixture, freePort, killAll, worldSources, type Child } from './helpers/children.js';
+import { bf16ToFloat, createGroup, floatToBf16 } from '../actors/index.js';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
 
 async function world(layout: number[], cpuBytes = 0): Promise<Child[]> {
-  ensureCompiled('dist/actors/world/join.js', ['actors/world/join.ts', 'actors/group.ts']);
+  ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts']);
   const url = `tcp://127.0.0.1:${await freePort()}`;
   const worldSize = layout.reduce((a, b) => a + b, 0);
   let offset = 0;
@@ -69,6 +69,75 @@ describe.each([[[2, 2]], [[1, 1, 1, 1]], [[1, 3]]])('a world of processes hostin
     const done = await Promise.all(procs.map((c) => c.next('done', 30_000)));
     done.forEach((m, i) => expect(m.states).toEqual(Array(layout[i]).fill('destroyed')));
     expect(await Promise.all(procs.map((c) => c.exited))).toEqual(procs.map(() => 0));
+  });
+});
+
+describe('the world options', () => {
+  const buffer = { maxTokensPerRank: 16, hidden: 128, topk: 2, numExperts: 8 };
+  const base = { size: 2, rankOffset: 1, rendezvous: 'tcp://127.0.0.1:1' };
+  it.each([
+    [{ rendezvous: 'tcp://10.1.2.3:29500' }, /^world\.token: is required: the rendezvous tcp:\/\/10\.1\.2\.3:29500 is not a loopback address, .*set world\.token \(or RANKFLOW_WORLD_TOKEN\) to the same secret in every process/],
+    [{ rendezvous: 'tcp://[2001:db8::1]:29500' }, /^world\.token: is required/],
+    [{ token: 'short' }, /^world\.token: must be a string of 16 to 1024 characters/],
+    [{ token: 42 }, /^world\.token: must be a string .*got number/],
+    [{ nodeId: '' }, /^world\.nodeId: must be a non-empty string of at most 256 characters/],
+    [{ nodeId: 'n'.repeat(300) }, /^world\.nodeId: must be a non-empty string/],
+    [{ rendezvous: 'tcp://host:1/path' }, /^world\.rendezvous: must be 'tcp:\/\/host:port'/],
+  ])('%j is rejected with EINVAL naming the option, before any rank starts', async (patch, message) => {
+    await expect(createGroup({ ranks: 1, backend: 'host', buffer, world: { ...base, ...patch } as never })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
+  });
+});
+
+describe('a world with a token', () => {
+  it('forms when one process names world.token and the other has it in RANKFLOW_WORLD_TOKEN', async () => {
+    const token = 'world-test-token-0123456789abcdef';
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const a = forkFixture('world-child', { url, worldSize: 2, rankOffset: 0, ranks: 1, token });
+    const b = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1 }, { RANKFLOW_WORLD_TOKEN: token });
+    children.push(a, b);
+    await Promise.all([a.next('ready', 30_000), b.next('ready', 30_000)]);
+    await Promise.all([a.next('done', 30_000), b.next('done', 30_000)]);
+    expect(await Promise.all([a.exited, b.exited])).toEqual([0, 0]);
+  });
+
+  it('a process without it never joins, and says which token is missing', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const a = forkFixture('world-child', { url, worldSize: 2, rankOffset: 0, ranks: 1, token: 'world-test-token-0123456789abcdef', defaultTimeouts: true }, { RANKFLOW_RENDEZVOUS_TIMEOUT: '1.5' });
+    const b = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, defaultTimeouts: true }, { RANKFLOW_RENDEZVOUS_TIMEOUT: '1.5' });
+    children.push(a, b);
+    const [ea, eb] = await Promise.all([a.next('error', 30_000), b.next('error', 30_000)]);
+    expect(ea).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/rank 1 never arrived .*failed authentication \(wrong or missing world\.token\?\)/) });
+    expect(eb).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/the leader refused this process \(wrong or missing world\.token\).*needs the same world\.token \(or RANKFLOW_WORLD_TOKEN\)/) });
+  });
+});
+
+describe('how long a process waits for its world', () => {
+  it('is RANKFLOW_RENDEZVOUS_TIMEOUT when timeouts.cpuSeconds is not given', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const lonely = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, defaultTimeouts: true }, { RANKFLOW_RENDEZVOUS_TIMEOUT: '1' });
+    children.push(lonely);
+    const e = await lonely.next('error', 30_000);
+    expect(e).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/no table after 1000 ms: could not reach the leader/) });
+  });
+
+  it('is timeouts.cpuSeconds when given', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const lonely = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, cpuSeconds: 1 }, { RANKFLOW_RENDEZVOUS_TIMEOUT: '600' });
+    children.push(lonely);
+    const e = await lonely.next('error', 30_000);
+    expect(e).toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/no table after 1000 ms/) });
+  });
+});
+
+describe('processes that name different nodes', () => {
+  it('are refused with BACKEND_UNAVAILABLE: the scale-out transport is not built yet', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const a = forkFixture('world-child', { url, worldSize: 2, rankOffset: 0, ranks: 1, nodeId: 'node-a' });
+    const b = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, nodeId: 'node-b' });
+    children.push(a, b);
+    for (const e of await Promise.all([a.next('error', 30_000), b.next('error', 30_000)]))
+      expect(e).toMatchObject({ code: 'BACKEND_UNAVAILABLE', message: expect.stringMatching(/are on node node-[ab] .* this process on node node-[ab] .*scale-out transport, which is not built yet/) });
+    expect(await Promise.all([a.exited, b.exited])).toEqual([0, 0]);
   });
 });
 

@@ -120,9 +120,9 @@ export interface Addon {
   layout(ep: { maxTokensPerRank: number; hidden: number; topk: number; numExperts: number; fp8Dispatch?: boolean }, worldSize: number): EpLayout;
   alignment: number;
   cudaProbe?: (options?: { ncclHome?: string; pythonPrefixes?: string[] }) => Record<string, unknown>;
-  /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace). */
-  fdServe(socketPath: string, fds: number[], expectedClients: number, timeoutMs: number): Promise<void>;
-  fdFetch(socketPath: string, timeoutMs: number): Promise<number[]>;
+  /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace); served once per pid in `clients`, to no one else. */
+  fdServe(socketPath: string, fds: number[], clients: number[], timeoutMs: number): Promise<void>;
+  fdFetch(socketPath: string, timeoutMs: number, serverPid?: number): Promise<number[]>;
   closeFds(fds: number[]): void;
 }
 

@@ -23,8 +23,10 @@ export const config = {
   gpuSeconds: num(env.RANKFLOW_GPU_TIMEOUT, 100),
   /** RANKFLOW_HOST_RANKS: default rank count of the host backend (API: 2). */
   hostRanks: num(env.RANKFLOW_HOST_RANKS, 2),
-  /** RANKFLOW_RENDEZVOUS_TIMEOUT: seconds a process waits for the others of its world. */
+  /** RANKFLOW_RENDEZVOUS_TIMEOUT: seconds a process waits for the others of its world, unless timeouts.cpuSeconds is given. */
   rendezvousSeconds: num(env.RANKFLOW_RENDEZVOUS_TIMEOUT, 60),
+  /** RANKFLOW_WORLD_TOKEN: the world's shared secret when world.token is not given (required off loopback). */
+  worldToken: env.RANKFLOW_WORLD_TOKEN !== undefined && env.RANKFLOW_WORLD_TOKEN !== '' ? env.RANKFLOW_WORLD_TOKEN : undefined,
   /** NCCL_HOME: where the cuda backend looks for libnccl.so.2 first. */
   ncclHome: env.NCCL_HOME,
   /** HOME and VIRTUAL_ENV: python environments whose nvidia-nccl package the cuda backend also tries. */

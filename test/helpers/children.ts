@@ -1,7 +1,7 @@
 // Child processes for multi-process tests: building what they run (forked children run plain JS,
 // not the TypeScript vitest runs), forking fixtures, and waiting for their IPC messages.
 import { execFileSync, fork, type ChildProcess } from 'node:child_process';
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, readdirSync, statSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -35,6 +35,13 @@ export function ensureCompiled(output: string, sources: string[]): void {
   }
 }
 
+/** The sources of the world (actors/world/*.ts and what they import), for ensureCompiled. */
+export const worldSources: string[] = [
+  ...readdirSync(path.join(repoRoot, 'actors/world')).filter((f) => f.endsWith('.ts')).map((f) => `actors/world/${f}`),
+  'actors/core/errors.ts',
+  'actors/core/config.ts',
+];
+
 /** Builds the scratch fd-passing addon (native/test-fdpass) when it is older than its sources. */
 export function ensureFdpassAddon(): string {
   const out = 'build/test-fdpass/Release/rankflow_fdpass_test.node';
@@ -64,14 +71,19 @@ export interface Child {
   proc: ChildProcess;
   /** The next message of this kind (messages are kept until taken). */
   next(kind: string, timeoutMs?: number): Promise<Message>;
+  /** Takes every message of this kind received so far. */
+  taken(kind: string): Message[];
   send(m: unknown): void;
   /** Exit code, or the signal's name. */
   exited: Promise<number | string>;
 }
 
-/** Forks test/fixtures/<name>.mjs with one JSON argument and IPC. */
-export function forkFixture(name: string, arg: unknown): Child {
-  const proc = fork(path.join(repoRoot, 'test/fixtures', `${name}.mjs`), [JSON.stringify(arg)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
+/** Forks test/fixtures/<name>.mjs with one JSON argument and IPC; `env` is added to this process's. */
+export function forkFixture(name: string, arg: unknown, env?: Record<string, string>): Child {
+  const proc = fork(path.join(repoRoot, 'test/fixtures', `${name}.mjs`), [JSON.stringify(arg)], {
+    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    ...(env !== undefined ? { env: { ...process.env, ...env } } : {}),
+  });
   const inbox: Message[] = [];
   const waiters: Array<{ kind: string; resolve: (m: Message) => void }> = [];
   proc.on('message', (m: Message) => {
@@ -84,6 +96,11 @@ export function forkFixture(name: string, arg: unknown): Child {
     proc,
     exited,
     send: (m) => proc.send(m as never),
+    taken(kind) {
+      const out = inbox.filter((m) => m.kind === kind);
+      inbox.splice(0, inbox.length, ...inbox.filter((m) => m.kind !== kind));
+      return out;
+    },
     next(kind, timeoutMs = 10_000) {
       const i = inbox.findIndex((m) => m.kind === kind);
       if (i >= 0) return Promise.resolve(inbox.splice(i, 1)[0]!);

@@ -5,6 +5,10 @@
 //   Header { magic, version, count, chunk }            plain bytes, no fds
 //   ceil(count / chunk) x { uint32 n } + n fds          one sendmsg each, SCM_RIGHTS
 // then client -> server: one ack byte once every fd is installed, so "served" means received.
+// A client that is not one of the server's `clients` (by SO_PEERCRED pid) gets only
+//   Header { magic, version, kRefused, its pid as the server sees it }
+// and the connection is closed: an abstract name is visible to every local process
+// (/proc/net/unix), and a rank's memory is for the processes of its world only.
 #include "fdpass.hpp"
 
 #include <cerrno>
@@ -20,6 +24,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <map>
 #include <type_traits>
 #include <utility>
 
@@ -33,6 +38,8 @@ constexpr uint32_t kMaxFds = 1u << 16;
 constexpr uint32_t kMagic = 0x50464652;  // "RFFP" little-endian
 constexpr uint32_t kVersion = 1;
 constexpr uint8_t kAck = 0xAC;
+// `count` of the refusal header: more than kMaxFds, so an old client reports it as implausible.
+constexpr uint32_t kRefused = 0xFFFFFFFFu;
 // Client reconnect backoff: the server usually comes up within milliseconds, so start small.
 constexpr int64_t kFirstBackoffMs = 5;
 constexpr int64_t kMaxBackoffMs = 200;
@@ -248,12 +255,39 @@ struct PendingClient {
   pid_t pid = 0;
 };
 
+// The pids the server may serve, each as many times as it is listed: a slot is taken when the
+// fds are sent and given back if that client fails before acknowledging.
+class AllowedClients {
+ public:
+  explicit AllowedClients(const std::vector<pid_t>& pids) {
+    for (pid_t p : pids) ++slots_[p];
+  }
+  bool take(pid_t pid) {
+    auto it = slots_.find(pid);
+    if (it == slots_.end() || it->second == 0) return false;
+    --it->second;
+    return true;
+  }
+  void give_back(pid_t pid) { ++slots_[pid]; }
+
+ private:
+  std::map<pid_t, int> slots_;
+};
+
+// Tells a client outside the world that it gets nothing, and why (best effort: it may be gone).
+void refuse(int sock, pid_t pid) {
+  const Header h{kMagic, kVersion, kRefused, uint32_t(pid)};
+  (void)try_send_exact(sock, &h, sizeof(h));
+}
+
 }  // namespace
 
-void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int expected_clients,
+void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const std::vector<pid_t>& clients,
               int64_t timeout_ms) {
   const std::string what = "fdServe(" + socket_path + ")";
-  if (expected_clients < 0) throw FdPassError("EINVAL", what + ": expectedClients must be >= 0");
+  for (pid_t p : clients)
+    if (p <= 0) throw FdPassError("EINVAL", what + ": clients must be pids > 0, got " + std::to_string(p));
+  const int expected_clients = int(clients.size());
   if (timeout_ms <= 0) throw FdPassError("EINVAL", what + ": timeoutMs must be > 0");
   if (fds.size() > kMaxFds)
     throw FdPassError("EINVAL", what + ": " + std::to_string(fds.size()) + " fds, at most " + std::to_string(kMaxFds));
@@ -281,8 +315,11 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
   } unlink_guard{addr};
   if (::listen(listener.get(), 128) != 0) sys_fail(what, "listen", errno);
 
+  AllowedClients allowed(clients);
   std::vector<PendingClient> pending;  // sent everything, waiting for the ack
   int served = 0;
+  int refused = 0;
+  pid_t last_refused = 0;
   std::string last_client_error;
   while (served < expected_clients) {
     const int64_t left = deadline - now_ms();
@@ -290,6 +327,9 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
       std::string msg = what + ": timed out after " + std::to_string(now_ms() - start) + " ms with " +
                         std::to_string(served) + " of " + std::to_string(expected_clients) + " clients served";
       if (!pending.empty()) msg += " (" + std::to_string(pending.size()) + " connected but never acknowledged)";
+      if (refused > 0)
+        msg += "; refused " + std::to_string(refused) + " connection" + (refused == 1 ? "" : "s") +
+               " from processes outside the world (last: pid " + std::to_string(last_refused) + ")";
       if (!last_client_error.empty()) msg += "; last client error: " + last_client_error;
       throw FdPassError("TIMEOUT_CPU", msg);
     }
@@ -317,6 +357,7 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
         still.push_back(std::move(pending[i]));
       } else {
+        allowed.give_back(pending[i].pid);
         // A client that closes with fds still queued resets the connection instead of a clean EOF.
         const bool closed = n == 0 || (n < 0 && errno == ECONNRESET);
         last_client_error = "client pid " + std::to_string(pending[i].pid) +
@@ -337,11 +378,20 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
           sys_fail(what, "accept4", err);  // EMFILE and the like: we cannot serve anyone
         }
         // A failing client is reported in the end, not fatal: others may still come and be served.
+        // A refused one does not count as a client at all.
+        pid_t pid = 0;
         try {
-          const pid_t pid = check_peer_uid(client.get(), what);
+          pid = check_peer_uid(client.get(), what);
+          if (!allowed.take(pid)) {
+            refuse(client.get(), pid);
+            ++refused;
+            last_refused = pid;
+            continue;
+          }
           send_fds(client.get(), pid, fds, deadline, what);
           pending.push_back({std::move(client), pid});
         } catch (const FdPassError& e) {
+          if (pid > 0) allowed.give_back(pid);
           last_client_error = e.what();
         }
       }
@@ -349,7 +399,7 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int e
   }
 }
 
-std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms) {
+std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pid_t server_pid) {
   const std::string what = "fdFetch(" + socket_path + ")";
   if (timeout_ms <= 0) throw FdPassError("EINVAL", what + ": timeoutMs must be > 0");
   const SocketAddress addr = make_address(socket_path, what);
@@ -379,13 +429,20 @@ std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms) {
     }
     backoff = std::min(backoff * 2, kMaxBackoffMs);
   }
-  check_peer_uid(sock.get(), what);
+  const pid_t server = check_peer_uid(sock.get(), what);
+  if (server_pid > 0 && server != server_pid)
+    throw FdPassError("EINVAL", what + ": the server is pid " + std::to_string(server) + ", not pid " +
+                                    std::to_string(server_pid) + " (the process that announced this socket); refusing its fds");
 
   Header h{};
   recv_exact(sock.get(), &h, sizeof(h), deadline, what, "header");
   if (h.magic != kMagic || h.version != kVersion)
     throw FdPassError("EINVAL", what + ": the server does not speak rankflow fd passing v" + std::to_string(kVersion) +
                                     " (magic " + std::to_string(h.magic) + ", version " + std::to_string(h.version) + ")");
+  if (h.count == kRefused)
+    throw FdPassError("EINVAL", what + ": the server (pid " + std::to_string(server) +
+                                    ") refused this process: it serves only the processes of its world, and pid " +
+                                    std::to_string(h.chunk) + " (this process, as the server sees it) is not one of them");
   if (h.count > kMaxFds || h.chunk == 0 || h.chunk > uint32_t(kMaxFdsPerMessage))
     throw FdPassError("EINVAL", what + ": implausible header (count " + std::to_string(h.count) + ", chunk " +
                                     std::to_string(h.chunk) + ")");
@@ -513,8 +570,8 @@ bool read_timeout(const Napi::Value& v, int64_t* out) {
 
 Napi::Value FdServe(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  const char* usage = "fdServe(socketPath: string, fds: number[], expectedClients: number, timeoutMs: number)";
-  if (info.Length() < 4 || !info[0].IsString() || !info[1].IsArray() || !info[2].IsNumber())
+  const char* usage = "fdServe(socketPath: string, fds: number[], clients: number[], timeoutMs: number)";
+  if (info.Length() < 4 || !info[0].IsString() || !info[1].IsArray() || !info[2].IsArray())
     return rejected(env, std::string(usage) + ": bad arguments");
   const std::string path = info[0].As<Napi::String>().Utf8Value();
   const std::string what = "fdServe(" + path + ")";
@@ -532,14 +589,21 @@ Napi::Value FdServe(const Napi::CallbackInfo& info) {
                                ": fcntl(F_GETFD) failed: " + std::strerror(errno));
     fds.push_back(int(d));
   }
-  const double expected = info[2].As<Napi::Number>().DoubleValue();
-  if (!(expected >= 0) || expected != double(int(expected)))
-    return rejected(env, what + ": expectedClients must be an integer >= 0");
+  Napi::Array pids = info[2].As<Napi::Array>();
+  std::vector<pid_t> clients;
+  clients.reserve(pids.Length());
+  for (uint32_t i = 0; i < pids.Length(); ++i) {
+    Napi::Value v = pids.Get(i);
+    const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+    if (!(d >= 1) || d > double(INT32_MAX) || d != double(int(d)))
+      return rejected(env, what + ": clients[" + std::to_string(i) + "] is not a pid (an integer >= 1)");
+    clients.push_back(pid_t(d));
+  }
   int64_t timeout = 0;
   if (!read_timeout(info[3], &timeout)) return rejected(env, what + ": timeoutMs must be a number > 0");
   // The caller keeps `fds` open until the promise settles; we neither dup nor close them.
-  auto* w = new FdPassWorker<Nothing>(env, "rankflow.fdServe", [path, fds, expected, timeout]() {
-    fd_serve(path, fds, int(expected), timeout);
+  auto* w = new FdPassWorker<Nothing>(env, "rankflow.fdServe", [path, fds, clients, timeout]() {
+    fd_serve(path, fds, clients, timeout);
     return Nothing{};
   });
   Napi::Promise p = w->Promise();
@@ -550,11 +614,19 @@ Napi::Value FdServe(const Napi::CallbackInfo& info) {
 Napi::Value FdFetch(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (info.Length() < 2 || !info[0].IsString())
-    return rejected(env, "fdFetch(socketPath: string, timeoutMs: number): bad arguments");
+    return rejected(env, "fdFetch(socketPath: string, timeoutMs: number, serverPid?: number): bad arguments");
   const std::string path = info[0].As<Napi::String>().Utf8Value();
   int64_t timeout = 0;
   if (!read_timeout(info[1], &timeout)) return rejected(env, "fdFetch(" + path + "): timeoutMs must be a number > 0");
-  auto* w = new FdPassWorker<std::vector<int>>(env, "rankflow.fdFetch", [path, timeout]() { return fd_fetch(path, timeout); });
+  pid_t server_pid = 0;
+  if (info.Length() >= 3 && !info[2].IsUndefined()) {
+    const double d = info[2].IsNumber() ? info[2].As<Napi::Number>().DoubleValue() : -1;
+    if (!(d >= 1) || d > double(INT32_MAX) || d != double(int(d)))
+      return rejected(env, "fdFetch(" + path + "): serverPid is not a pid (an integer >= 1)");
+    server_pid = pid_t(d);
+  }
+  auto* w = new FdPassWorker<std::vector<int>>(env, "rankflow.fdFetch",
+                                               [path, timeout, server_pid]() { return fd_fetch(path, timeout, server_pid); });
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;

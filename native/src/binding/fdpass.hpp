@@ -10,6 +10,7 @@
 #include <napi.h>
 
 #include <stdexcept>
+#include <sys/types.h>
 #include <string>
 #include <vector>
 
@@ -25,18 +26,21 @@ struct FdPassError : std::runtime_error {
 
 // Socket names: "@name" is the Linux abstract namespace (no file, gone with the last close, scoped
 // to the network namespace); anything else is a filesystem path, unlinked by the server when done.
-// Serves `fds` to `expected_clients` clients, then returns; throws after `timeout_ms`.
-void fd_serve(const std::string& socket_path, const std::vector<int>& fds, int expected_clients,
+// Serves `fds` once to each entry of `clients` (pids, checked with SO_PEERCRED; a pid listed twice
+// may fetch twice), then returns; throws after `timeout_ms`. Any other process that connects is
+// refused, is not counted as a client, and is named in the timeout's message.
+void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const std::vector<pid_t>& clients,
               int64_t timeout_ms);
 
 // Connects (retrying until the server is up or `timeout_ms` has passed) and returns the received
-// fds, opened O_CLOEXEC. On any error no received fd stays open.
-std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms);
+// fds, opened O_CLOEXEC. With `server_pid` > 0, a server that is another process is refused.
+// On any error no received fd stays open.
+std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pid_t server_pid = 0);
 
 }  // namespace rankflow
 
-// Exports fdServe(socketPath, fds, expectedClients, timeoutMs): Promise<void> and
-// fdFetch(socketPath, timeoutMs): Promise<number[]>. Both run on the libuv thread pool.
+// Exports fdServe(socketPath, fds, clients: pid[], timeoutMs): Promise<void> and
+// fdFetch(socketPath, timeoutMs, serverPid?): Promise<number[]>. Both run on the libuv thread pool.
 // Declared at global scope and re-exported into rankflow:: so addon.cc may call it either way.
 void RegisterFdPass(Napi::Env env, Napi::Object exports);
 namespace rankflow {

@@ -1,0 +1,136 @@
+// A follower of a forming world (every process but the one with rankOffset 0): connects to the
+// leader, retrying until it listens; answers its challenge and checks its proof (auth.ts), so the
+// table comes from a process that knows the token; sends its join and waits for the table.
+//
+// Whatever answers at the address and fails the handshake (not a rankflow leader, another world's
+// leader lingering on the port, a wrong token on either side) is left and retried until the
+// deadline; the timeout then says which it was. Messages from the leader are checked like any
+// other socket's (protocol.ts): a malformed one ends the attempt.
+import net from 'node:net';
+import { debuglog } from 'node:util';
+
+import { RankflowError } from '../core/errors.js';
+import { FollowerAuth, isLoopbackHost } from './auth.js';
+import { AUTHENTICATED, Channel, UNAUTHENTICATED } from './channel.js';
+import { describeMissing, errorProblem, rangesProblem, refusedProblem, sleep, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
+import type { Forming, Rendezvous, RendezvousPeer } from './rendezvous.js';
+import { FollowerSession } from './session.js';
+
+const debug = debuglog('rankflow');
+
+// Connect retry backoff: a leader usually starts within a second of its peers.
+const FIRST_BACKOFF_MS = 50;
+const MAX_BACKOFF_MS = 1000;
+
+export async function follow(self: Join, f: Forming): Promise<Rendezvous> {
+  const { deadline, timeoutMs, where } = f;
+  let attempts = 0;
+  let lastError = '';
+  let lastMissing: Range[] | undefined;
+  let lastRefused: string[] = [];
+  let refusedAuth = 0;
+  let lastHandshake = '';
+  let backoff = FIRST_BACKOFF_MS;
+  for (;;) {
+    const left = deadline - Date.now();
+    if (left <= 0) break;
+    attempts++;
+    const outcome = await tryOnce(self, f, (missing, refused) => ((lastMissing = missing), (lastRefused = refused)));
+    if (outcome.kind === 'table') return new FollowerSession(outcome.peers, outcome.channel, self, timeoutMs, where);
+    if (outcome.kind === 'error') throw outcome.error;
+    lastError = outcome.reason;
+    if (outcome.auth) {
+      refusedAuth++;
+      lastHandshake = outcome.reason;
+      debug('%s: %s; retrying', where, outcome.reason);
+    }
+    // Retry: the leader may not be listening yet (or a previous one is on its way out).
+    const jitter = 0.8 + 0.4 * Math.random();
+    await sleep(Math.min(backoff * jitter, Math.max(0, deadline - Date.now())));
+    backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
+  }
+  const detail =
+    lastMissing !== undefined
+      ? lastMissing.length > 0
+        ? `the leader reached, but ${describeMissing(lastMissing)} had not arrived${lastRefused.length > 0 ? ` (the leader refused: ${lastRefused.join('; ')})` : ''}`
+        : 'the leader reached; every process had arrived, but some left before the table'
+      : refusedAuth > 0
+        ? `no authenticated leader after ${attempts} attempts (${refusedAuth} failed the handshake, last: ${lastHandshake}); ` +
+          'every process of the world needs the same world.token (or RANKFLOW_WORLD_TOKEN)'
+        : `could not reach the leader (rank 0) after ${attempts} attempts, last: ${lastError || 'none'}`;
+  throw new RankflowError('TIMEOUT_CPU', `${where}: no table after ${timeoutMs} ms: ${detail}`, {
+    rank: lastMissing?.[0]?.[0] ?? 0,
+  });
+}
+
+type Attempt =
+  | { kind: 'table'; peers: RendezvousPeer[]; channel: Channel }
+  | { kind: 'error'; error: RankflowError }
+  | { kind: 'retry'; reason: string; auth?: true };
+
+function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: string[]) => void): Promise<Attempt> {
+  const { where } = f;
+  return new Promise<Attempt>((resolve) => {
+    const socket = net.connect({ host: f.host, port: f.port });
+    const ch = new Channel(socket, UNAUTHENTICATED);
+    const auth = new FollowerAuth(f.key);
+    let stage: 'challenge' | 'proof' | 'joined' = 'challenge';
+    let settled = false;
+    const settle = (a: Attempt): void => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      if (a.kind !== 'table') ch.destroy();
+      resolve(a);
+    };
+    const invalid = (what: string, problem: string): void =>
+      settle({ kind: 'error', error: new RankflowError('EINVAL', `${where}: the leader sent an invalid ${what}: ${problem}`) });
+    // Bounds the connect itself (an unreachable host can take minutes) and the wait for the table.
+    // Saying bye lets the leader tell "gave up" from "crashed" in its own report.
+    const timer = setTimeout(() => {
+      if (stage === 'joined') ch.send({ t: 'bye' });
+      settle({ kind: 'retry', reason: 'deadline reached' });
+    }, Math.max(0, f.deadline - Date.now()));
+    let connected = false;
+    socket.once('connect', () => {
+      connected = true;
+      // Without a token, only a leader on this machine may be trusted with the join ('localhost'
+      // is checked here, once resolved).
+      if (f.key === '' && !isLoopbackHost(socket.remoteAddress ?? ''))
+        settle({ kind: 'error', error: new RankflowError('EINVAL', `${where}: token is required: ${f.host} is ${socket.remoteAddress}, not a loopback address`) });
+    });
+    const onMessage = (m: Incoming): void => {
+      if (stage === 'challenge') {
+        const r = auth.respond(m);
+        if ('problem' in r) return settle({ kind: 'retry', reason: `something answers at ${ch.remote} but ${r.problem}`, auth: true });
+        ch.send(r.reply);
+        stage = 'proof';
+      } else if (stage === 'proof') {
+        const problem = auth.check(m);
+        if (problem) return settle({ kind: 'retry', reason: problem, auth: true });
+        ch.setLimits(AUTHENTICATED);
+        ch.send(self);
+        stage = 'joined';
+      } else if (m.t === 'status') {
+        const problem = rangesProblem(m.missing, self.worldSize) ?? refusedProblem(m.refused);
+        if (problem) return invalid('status', problem);
+        onStatus(m.missing as Range[], m.refused as string[]);
+      } else if (m.t === 'error') {
+        const problem = errorProblem(m);
+        if (problem) return invalid('error', problem);
+        settle({ kind: 'error', error: new RankflowError(m.code as never, m.message as string, m.rank === undefined ? undefined : { rank: m.rank as number }) });
+      } else if (m.t === 'table') {
+        const problem = tableProblem(m.peers, self);
+        if (problem) return invalid('table', problem);
+        // Whatever follows the table in the same chunk (a loss, say) is the session's to handle.
+        ch.hold();
+        settle({ kind: 'table', peers: m.peers as RendezvousPeer[], channel: ch });
+      } else {
+        invalid('message', `${JSON.stringify(m.t).slice(0, 40)} before the table`);
+      }
+    };
+    ch.listen(onMessage, (reason) =>
+      settle({ kind: 'retry', reason: !connected ? reason : `leader closed the connection before the table (${reason})` }),
+    );
+  });
+}

@@ -1,0 +1,339 @@
+// A formed world's connections, after the table: `exchange` (an all-gather of small JSON values
+// through the leader), loss detection, failure relay (a star: the leader passes each follower's
+// announcements on), and close. The leader's side and a follower's side implement one abstract
+// Session. Every message is checked before it is acted on; a peer that breaks the protocol is
+// cut off, and reported lost with what it sent.
+import { RankflowError } from '../core/errors.js';
+import type { Channel } from './channel.js';
+import {
+  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, toFailure, toWire, who,
+  type Join, type Message,
+} from './protocol.js';
+import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer } from './rendezvous.js';
+
+// How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
+// one ahead (it cannot finish #n without the leader's value for #n).
+const MAX_SEQ_AHEAD = 16;
+
+/** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
+export function exchangeLimit(processes: number): number {
+  return Math.floor((LIMITS.lineBytes - (64 << 10)) / processes);
+}
+
+interface PendingExchange {
+  values: unknown[];
+  have: boolean[];
+  settle?: { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout };
+}
+
+abstract class Session implements Rendezvous {
+  protected seq = 0;
+  protected closed = false;
+  protected readonly lost = new Map<number, PeerLost>();
+  private readonly listeners = new Set<(lost: PeerLost) => void>();
+  private readonly failures: RankFailure[] = [];
+  private readonly failureListeners = new Set<(f: RankFailure) => void>();
+
+  constructor(
+    readonly peers: readonly RendezvousPeer[],
+    readonly self: number,
+    protected readonly timeoutMs: number,
+    protected readonly where: string,
+  ) {}
+
+  abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
+  abstract close(): Promise<void>;
+  abstract announceFailure(f: RankFailure): void;
+  protected abstract failPending(error: RankflowError): void;
+
+  onRankFailed(cb: (f: RankFailure) => void): () => void {
+    this.failureListeners.add(cb);
+    for (const f of this.failures) queueMicrotask(() => this.failureListeners.has(cb) && cb(f));
+    return () => this.failureListeners.delete(cb);
+  }
+
+  /** A failure another process announced (checked): for this process's listeners. */
+  protected rankFailed(f: RankFailure): void {
+    if (this.closed) return;
+    this.failures.push(f);
+    for (const cb of this.failureListeners) cb(f);
+  }
+
+  onPeerLost(cb: (lost: PeerLost) => void): () => void {
+    this.listeners.add(cb);
+    for (const l of this.lost.values()) queueMicrotask(() => this.listeners.has(cb) && cb(l));
+    return () => this.listeners.delete(cb);
+  }
+
+  protected markLost(index: number, reason: string): void {
+    if (this.closed || this.lost.has(index) || index === this.self) return;
+    const p = this.peers[index];
+    if (p === undefined) return;
+    const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, nodeId: p.nodeId, reason };
+    this.lost.set(index, l);
+    this.failPending(this.lostError(index));
+    for (const cb of this.listeners) cb(l);
+  }
+
+  protected lostError(index: number): RankflowError {
+    const p = this.peers[index]!;
+    const l = this.lost.get(index);
+    return new RankflowError('RANK_FAILED', `${this.where}: ${who(p)} was lost (${l?.reason ?? 'unknown'})`, {
+      rank: p.rankOffset,
+    });
+  }
+
+  /** This process's value for exchange #seq, as it will cross; EINVAL if it cannot. */
+  protected wire(value: unknown, seq: number): unknown {
+    const wire = toWire(value, `exchange #${seq} value`);
+    const bytes = jsonBytes(wire);
+    const limit = exchangeLimit(this.peers.length);
+    if (bytes > limit)
+      throw new RankflowError('EINVAL', `${this.where}: exchange #${seq} value is ${bytes} bytes of JSON; at most ${limit} in a world of ${this.peers.length} processes`);
+    return wire;
+  }
+
+  /** A failure of a local rank, as it crosses: bounded, as the receivers check it. */
+  protected static failureWire(f: RankFailure): RankFailure {
+    return {
+      rank: f.rank,
+      message: String(f.message).slice(0, LIMITS.textChars),
+      ...(f.phase !== undefined ? { phase: String(f.phase).slice(0, LIMITS.idChars) } : {}),
+    };
+  }
+
+  /** The first error a new exchange must fail with, if any. */
+  protected refuse(): RankflowError | undefined {
+    if (this.closed) return new RankflowError('STATE', `${this.where}: exchange after close()`, { state: 'closed' });
+    const first = this.lost.keys().next();
+    return first.done ? undefined : this.lostError(first.value);
+  }
+}
+
+export class LeaderSession extends Session {
+  private readonly pending = new Map<number, PendingExchange>();
+  private readonly goodbyes = new Set<number>();
+
+  constructor(
+    peers: RendezvousPeer[],
+    private readonly channels: (Channel | undefined)[],
+    timeoutMs: number,
+    where: string,
+  ) {
+    super(peers, channels.indexOf(undefined), timeoutMs, where);
+    channels.forEach((ch, index) => {
+      if (ch === undefined) return;
+      ch.keepAlive();
+      const peer = peers[index]!;
+      ch.listen(
+        (m) => {
+          if (m.t === 'x') {
+            if (!isInt(m.seq, 1, this.seq + MAX_SEQ_AHEAD)) return ch.drop(`it sent a value for exchange #${quote(m.seq)} while the leader is at #${this.seq}`);
+            const bytes = jsonBytes(m.value);
+            if (bytes > exchangeLimit(this.peers.length)) return ch.drop(`it sent a ${bytes}-byte exchange value`);
+            this.contribute(m.seq, index, m.value);
+          } else if (m.t === 'failed') {
+            const problem = failureProblem(m.failure, peer);
+            if (problem) return ch.drop(`it announced an invalid failure: ${problem}`);
+            const failure = toFailure(m.failure as Record<string, unknown>);
+            // A star: the leader passes a follower's failure on to the other followers.
+            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'failed', from: index, failure });
+            this.rankFailed(failure);
+          } else if (m.t === 'bye') {
+            this.goodbyes.add(index);
+            ch.end();
+          } else {
+            ch.drop(`it sent ${quote(m.t)}, not a message of a formed world`);
+          }
+        },
+        (reason) => {
+          if (this.goodbyes.has(index) || this.closed) return;
+          const why = `${reason}, seen by the leader`;
+          for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'lost', index, reason: why });
+          this.markLost(index, why);
+        },
+      );
+    });
+  }
+
+  exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
+    const seq = ++this.seq;
+    const refused = this.refuse();
+    if (refused) return Promise.reject(refused);
+    let wire: unknown;
+    try {
+      wire = this.wire(value, seq);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const timeoutMs = opts?.timeoutMs ?? this.timeoutMs;
+    return new Promise<T[]>((resolve, reject) => {
+      const p = this.entry(seq);
+      const timer = setTimeout(() => {
+        this.pending.delete(seq);
+        const late = this.peers.filter((_, i) => !p.have[i]);
+        const message = `${this.where}: exchange #${seq}: no value from ${late.map(who).join(', ')} after ${timeoutMs} ms`;
+        const rank = late[0]?.rankOffset;
+        this.broadcast({ t: 'xerr', seq, code: 'TIMEOUT_CPU', message, rank });
+        reject(new RankflowError('TIMEOUT_CPU', message, rank === undefined ? undefined : { rank }));
+      }, timeoutMs);
+      p.settle = { resolve: resolve as (v: unknown[]) => void, reject, timer };
+      this.contribute(seq, this.self, wire);
+    });
+  }
+
+  announceFailure(failure: RankFailure): void {
+    if (this.closed) return;
+    this.broadcast({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
+  }
+
+  private entry(seq: number): PendingExchange {
+    let p = this.pending.get(seq);
+    if (p === undefined) {
+      p = { values: new Array<unknown>(this.peers.length).fill(null), have: new Array<boolean>(this.peers.length).fill(false) };
+      this.pending.set(seq, p);
+    }
+    return p;
+  }
+
+  private contribute(seq: number, index: number, value: unknown): void {
+    // Values for an exchange we already gave up on (timed out) are late: drop them.
+    if (seq <= this.seq && !this.pending.has(seq) && index !== this.self) return;
+    const p = this.entry(seq);
+    if (p.have[index]) return;  // a second value from one process: the first one stands
+    p.values[index] = value ?? null;
+    p.have[index] = true;
+    if (!p.have.every(Boolean) || p.settle === undefined) return;
+    this.pending.delete(seq);
+    clearTimeout(p.settle.timer);
+    this.broadcast({ t: 'xall', seq, values: p.values });
+    p.settle.resolve(p.values);
+  }
+
+  private broadcast(m: Message): void {
+    for (const ch of this.channels) ch?.send(m);
+  }
+
+  protected failPending(error: RankflowError): void {
+    for (const [seq, p] of this.pending) {
+      if (p.settle === undefined) continue;
+      clearTimeout(p.settle.timer);
+      this.pending.delete(seq);
+      p.settle.reject(error);
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
+    this.closed = true;
+    await Promise.all(this.channels.map((ch) => ch?.endAndWait({ t: 'bye' })));
+  }
+}
+
+export class FollowerSession extends Session {
+  private readonly pending = new Map<number, NonNullable<PendingExchange['settle']>>();
+  private leaderLeft = false;
+
+  constructor(
+    peers: RendezvousPeer[],
+    private readonly channel: Channel,
+    self: Join,
+    timeoutMs: number,
+    where: string,
+  ) {
+    super(
+      peers,
+      peers.findIndex((p) => p.rankOffset === self.rankOffset),
+      timeoutMs,
+      where,
+    );
+    channel.keepAlive();
+    const leader = 0;
+    channel.listen(
+      (m) => {
+        const n = this.peers.length;
+        if (m.t === 'xall') {
+          if (!isInt(m.seq, 1, this.seq) || !Array.isArray(m.values) || m.values.length !== n)
+            return channel.drop(`the leader sent an invalid result for exchange #${quote(m.seq)}`);
+          const values = m.values as unknown[];
+          this.settle(m.seq, (s) => s.resolve(values));
+        } else if (m.t === 'xerr') {
+          const problem = isInt(m.seq, 1, this.seq) ? errorProblem(m) : 'no such exchange';
+          if (problem) return channel.drop(`the leader sent an invalid error for exchange #${quote(m.seq)}: ${problem}`);
+          this.settle(m.seq as number, (s) => s.reject(new RankflowError(m.code as never, m.message as string, m.rank === undefined ? undefined : { rank: m.rank as number })));
+        } else if (m.t === 'lost') {
+          if (!isInt(m.index, 0, n - 1) || !isText(m.reason, LIMITS.textChars)) return channel.drop('the leader sent an invalid loss');
+          this.markLost(m.index, m.reason);
+        } else if (m.t === 'failed') {
+          const problem = isInt(m.from, 0, n - 1) && m.from !== this.self ? failureProblem(m.failure, this.peers[m.from]!) : `from ${quote(m.from)} is not another process`;
+          if (problem) return channel.drop(`the leader relayed an invalid failure: ${problem}`);
+          this.rankFailed(toFailure(m.failure as Record<string, unknown>));
+        } else if (m.t === 'bye') {
+          this.leaderLeft = true;
+        } else {
+          channel.drop(`the leader sent ${quote(m.t)}, not a message of a formed world`);
+        }
+      },
+      (reason) => {
+        if (this.closed) return;
+        if (this.leaderLeft) {
+          this.failPending(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
+          return;
+        }
+        this.markLost(leader, `${reason}, seen by ${who(self)}`);
+      },
+    );
+  }
+
+  private settle(seq: number, f: (s: NonNullable<PendingExchange['settle']>) => void): void {
+    const s = this.pending.get(seq);
+    if (s === undefined) return;
+    this.pending.delete(seq);
+    clearTimeout(s.timer);
+    f(s);
+  }
+
+  exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
+    const seq = ++this.seq;
+    const refused =
+      this.refuse() ??
+      (this.leaderLeft ? new RankflowError('STATE', `${this.where}: the leader closed the rendezvous`, { state: 'closed' }) : undefined);
+    if (refused) return Promise.reject(refused);
+    let wire: unknown;
+    try {
+      wire = this.wire(value, seq);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const timeoutMs = opts?.timeoutMs ?? this.timeoutMs;
+    return new Promise<T[]>((resolve, reject) => {
+      const timer = setTimeout(() => {
+        this.pending.delete(seq);
+        reject(new RankflowError('TIMEOUT_CPU', `${this.where}: exchange #${seq}: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
+      }, timeoutMs);
+      this.pending.set(seq, { resolve: resolve as (v: unknown[]) => void, reject, timer });
+      this.channel.send({ t: 'x', seq, value: wire });
+    });
+  }
+
+  announceFailure(failure: RankFailure): void {
+    if (this.closed || this.leaderLeft) return;
+    this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
+  }
+
+  protected failPending(error: RankflowError): void {
+    for (const [seq, s] of this.pending) {
+      clearTimeout(s.timer);
+      this.pending.delete(seq);
+      s.reject(error);
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
+    this.closed = true;
+    await this.channel.endAndWait({ t: 'bye' });
+  }
+}
