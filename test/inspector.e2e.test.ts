@@ -179,8 +179,9 @@ describe.skipIf(!existsSync(CHROMIUM))('inspector page in chromium', () => {
     }, 60_000);
     /**
      * Every problem with the labels of the timeline SVG under `selector`, as the browser lays them
-     * out: two labels whose boxes overlap, a label past the drawing's left or right edge, a state
-     * label that leaves its bar. Also how many labels of each kind there are.
+     * out: two labels whose boxes overlap (op labels, state labels, the title and the summary), a
+     * label past the drawing's left or right edge, a state label that leaves its bar. Also how
+     * many labels of each kind there are.
      */
     async function labelProblems(page: Page, selector: string) {
         return page.locator(selector).first().evaluate((svg) => {
@@ -214,7 +215,8 @@ describe.skipIf(!existsSync(CHROMIUM))('inspector page in chromium', () => {
         try {
             for (const [name, recording] of [['demo', demoRun], ['recorded run', recordedRun]] as const) {
                 for (const width of [480, 960, 1400]) {
-                    await page.setContent(`<!doctype html><body style="margin:0">${renderTimelineSvg(recording, { width })}</body>`);
+                    const title = `rankflow timeline: the ${name}, drawn ${width} px wide to see what gives way`;
+                    await page.setContent(`<!doctype html><body style="margin:0">${renderTimelineSvg(recording, { width, title })}</body>`);
                     const found = await labelProblems(page, 'svg[data-timeline]');
                     expect({ name, width, problems: found.problems }).toEqual({ name, width, problems: [] });
                     expect(found.collective).toBeGreaterThan(2);

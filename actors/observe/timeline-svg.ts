@@ -103,9 +103,14 @@ export function renderTimelineSvg(recording: TimelineRecording, options: Timelin
     );
     out.push(`<rect x="0" y="0" width="${width}" height="${num(height)}" fill="#ffffff"/>`);
     const summary = `${layout.size} rank${layout.size === 1 ? '' : 's'} · ${formatMs(layout.duration)}`;
+    // The title gives way to the summary on its right: cut short rather than run into it.
+    const titleRoom = width - right - textWidth(summary, LABEL_SIZE) - 12 - left;
+    let heading = title;
+    while (heading.length > 1 && textWidth(heading, 14, true) > titleRoom) heading = `${heading.slice(0, -2)}…`;
     out.push(
-        `<text x="${left}" y="20" font-size="14" font-weight="600" fill="#0f172a">${escapeXml(title)}</text>`,
-        `<text x="${width - right}" y="20" text-anchor="end" fill="#475569">${escapeXml(summary)}</text>`
+        `<text x="${left}" y="20" font-size="14" font-weight="600" fill="#0f172a" data-label="title">${escapeXml(heading)}` +
+            `${heading === title ? '' : `<title>${escapeXml(title)}</title>`}</text>`,
+        `<text x="${width - right}" y="20" text-anchor="end" fill="#475569" data-label="summary">${escapeXml(summary)}</text>`
     );
 
     // Axis grid first, so everything else draws over it. A tick inside a break is left out, and
