@@ -139,6 +139,8 @@ export class Group extends EventEmitter<GroupEvents> {
   private bufferBytes = 0;
   /** @internal */ detachers: Array<() => void> = [];
   /** @internal */ inspector?: InspectorHandle;
+  /** The inspector page's URL ('http://127.0.0.1:PORT/', the port picked when 0 was asked) when created with `inspect: url`; else undefined. */
+  get inspectorUrl(): string | undefined { return this.inspector?.url; }
 
   /** ranks in the whole world (equals `size` unless the group spans processes) */
   readonly worldSize: number;

@@ -11,3 +11,17 @@ export type { DispatchResult, CombineResult, DeviceDispatchResult, DeviceDispatc
 export type { RankProgramHandle, CapturedGraph } from '../workers/program.js';
 export { probeCuda } from './core/backend.js';
 export { DeviceTensor } from './core/device-tensor.js';
+// Watching the ranks (docs/inspector.md): the live inspector, the timeline and its exports.
+export { attachInspector, startInspectorServer } from './observe/inspector.js';
+export type { InspectorOptions, InspectorHandle, InspectorServer } from './observe/inspector.js';
+export { TimelineRecorder } from './observe/timeline-recorder.js';
+export type { TimelineRecording, TimelineRecorderOptions, FailureRecord, TimelineEntry } from './observe/timeline-recorder.js';
+export { renderTimelineSvg } from './observe/timeline-svg.js';
+export type { TimelineSvgOptions } from './observe/timeline-svg.js';
+export { layoutTimeline } from './observe/timeline-layout.js';
+export type { TimelineLayout, TimelineLayoutOptions, TimelineBar, TimelineBreak, TimelineCollective, TimelineFailure } from './observe/timeline-layout.js';
+export { toChromeTrace } from './observe/chrome-trace.js';
+export type { ChromeTrace, ChromeTraceEvent, ChromeTraceOptions } from './observe/chrome-trace.js';
+export type { GroupObserver, ObservableGroup, RankFailureError } from './observe/observer.js';
+export { describeMachine } from './observe/machine-graph.js';
+export type { MachineDescription } from './observe/machine-graph.js';

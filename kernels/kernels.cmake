@@ -1,14 +1,22 @@
-# The CUDA kernels, compiled by nvcc into fatbins (sm_90 machine code + compute_90 PTX, so newer
-# GPUs JIT it) and embedded into whatever target links the sources this returns.
+# The CUDA kernels, compiled by nvcc into one fatbin per kernel (machine code for each chosen GPU
+# architecture + PTX of the newest, so later GPUs JIT it) and embedded into whatever target links
+# the sources this returns.
 #   include(<repo>/kernels/kernels.cmake)
 #   rankflow_kernel_sources(RF_KERNEL_SOURCES)      # generated .cc files, add them to the target
 # Without nvcc the build goes on with no kernels; kernel_images() is then empty and the build note
-# (kernel_build_note(), shown by doctor) says why. CI has nvcc and compiles them for sm_90.
+# (kernel_build_note(), shown by doctor) says why.
+#
+# Architectures, first found wins: the cmake variable RF_CUDA_ARCHS (cmake-js: --CDRF_CUDA_ARCHS=80;90),
+# the environment variable RANKFLOW_CUDA_ARCHS (`RANKFLOW_CUDA_ARCHS=90 npm install`), else the
+# datacenter GPUs the kernels run on: 80 (A100), 90 (H100/H200), 100 (B200), each only where the
+# nvcc found can build it (`nvcc --list-gpu-arch`). A list may use ';' or ',' and 'sm_' prefixes.
 include_guard(GLOBAL)
 
 set(RF_KERNELS_DIR "${CMAKE_CURRENT_LIST_DIR}")
 set(RF_KERNEL_NAMES barrier all_gather dispatch combine session engram graph busy)
-set(RF_CUDA_ARCH 90 CACHE STRING "GPU architecture the kernels are compiled for (sm_XX)")
+set(RF_CUDA_ARCHS "" CACHE STRING "GPU architectures for the kernels (e.g. 80;90;100); empty: RANKFLOW_CUDA_ARCHS, else 80;90;100 as nvcc allows")
+# The single architecture of earlier builds; a build folder configured then would still hold it.
+unset(RF_CUDA_ARCH CACHE)
 option(RF_WITH_KERNELS "compile and embed the CUDA kernels when nvcc is found" ON)
 if(RF_WITH_KERNELS)
   find_program(RF_NVCC nvcc PATHS /usr/local/cuda/bin ENV CUDA_HOME PATH_SUFFIXES bin)
@@ -16,6 +24,44 @@ else()
   unset(RF_NVCC)
   unset(RF_NVCC CACHE)
 endif()
+
+# The architectures to build, as plain numbers in ascending order (see the top of this file).
+function(rankflow_cuda_archs out_var)
+  if(NOT RF_CUDA_ARCHS STREQUAL "")
+    set(requested "${RF_CUDA_ARCHS}")
+    set(origin "RF_CUDA_ARCHS")
+  elseif(NOT "$ENV{RANKFLOW_CUDA_ARCHS}" STREQUAL "")
+    set(requested "$ENV{RANKFLOW_CUDA_ARCHS}")
+    set(origin "RANKFLOW_CUDA_ARCHS")
+  else()
+    set(requested "80;90;100")
+    set(origin "")
+  endif()
+  string(REGEX REPLACE "[ ,]+" ";" requested "${requested}")
+  string(REGEX REPLACE "(sm_|compute_)" "" requested "${requested}")
+  list(REMOVE_ITEM requested "")
+  execute_process(COMMAND "${RF_NVCC}" --list-gpu-arch OUTPUT_VARIABLE listed RESULT_VARIABLE listed_rc ERROR_QUIET)
+  set(archs "")
+  foreach(arch IN LISTS requested)
+    if(NOT arch MATCHES "^[0-9]+[af]?$")
+      message(FATAL_ERROR "rankflow kernels: '${arch}' in ${origin} is not a GPU architecture (expected e.g. 80;90;100)")
+    endif()
+    if(listed_rc EQUAL 0 AND NOT listed MATCHES "compute_${arch}([^0-9a-z]|$)")
+      if(origin STREQUAL "")
+        message(STATUS "rankflow kernels: nvcc at ${RF_NVCC} cannot build sm_${arch}; left out")
+        continue()
+      endif()
+      message(FATAL_ERROR "rankflow kernels: ${origin} asks for sm_${arch}, which nvcc at ${RF_NVCC} cannot build (nvcc --list-gpu-arch)")
+    endif()
+    list(APPEND archs "${arch}")
+  endforeach()
+  if(archs STREQUAL "")
+    message(FATAL_ERROR "rankflow kernels: no GPU architecture to build for (${origin}: '${requested}')")
+  endif()
+  list(REMOVE_DUPLICATES archs)
+  list(SORT archs COMPARE NATURAL)
+  set(${out_var} "${archs}" PARENT_SCOPE)
+endfunction()
 
 function(rankflow_kernel_sources out_var)
   set(gen_dir "${CMAKE_CURRENT_BINARY_DIR}/kernels")
@@ -26,7 +72,23 @@ function(rankflow_kernel_sources out_var)
   if(RF_NVCC)
     execute_process(COMMAND "${RF_NVCC}" --version OUTPUT_VARIABLE nvcc_version)
     string(REGEX MATCH "release [0-9]+\\.[0-9]+" nvcc_release "${nvcc_version}")
-    set(note "built by nvcc ${nvcc_release} for sm_${RF_CUDA_ARCH} (+ compute_${RF_CUDA_ARCH} PTX)")
+    rankflow_cuda_archs(archs)
+    # PTX of the newest portable architecture: an arch-specific one (90a) would not JIT elsewhere.
+    list(GET archs -1 ptx_arch)
+    foreach(arch IN LISTS archs)
+      if(arch MATCHES "^[0-9]+$")
+        set(ptx_arch "${arch}")
+      endif()
+    endforeach()
+    set(gencode "")
+    set(sass "")
+    foreach(arch IN LISTS archs)
+      list(APPEND gencode -gencode arch=compute_${arch},code=sm_${arch})
+      list(APPEND sass "sm_${arch}")
+    endforeach()
+    list(APPEND gencode -gencode arch=compute_${ptx_arch},code=compute_${ptx_arch})
+    list(JOIN sass ", " sass_text)
+    set(note "built by nvcc ${nvcc_release} for ${sass_text} (+ compute_${ptx_arch} PTX)")
     message(STATUS "rankflow kernels: ${note} (${RF_NVCC})")
     foreach(name IN LISTS RF_KERNEL_NAMES)
       set(fatbin "${gen_dir}/${name}.fatbin")
@@ -34,13 +96,12 @@ function(rankflow_kernel_sources out_var)
       add_custom_command(
         OUTPUT "${fatbin}"
         COMMAND "${RF_NVCC}" -O3 -std=c++17 -fatbin
-                -gencode arch=compute_${RF_CUDA_ARCH},code=sm_${RF_CUDA_ARCH}
-                -gencode arch=compute_${RF_CUDA_ARCH},code=compute_${RF_CUDA_ARCH}
+                ${gencode}
                 -Werror all-warnings
                 -o "${fatbin}" "${RF_KERNELS_DIR}/${name}.cu"
         DEPENDS "${RF_KERNELS_DIR}/${name}.cu" "${RF_KERNELS_DIR}/common.cuh"
                 "${RF_KERNELS_DIR}/moe.cuh" "${RF_KERNELS_DIR}/args.hpp" "${RF_KERNELS_DIR}/protocol.hpp"
-        COMMENT "nvcc ${name}.cu -> sm_${RF_CUDA_ARCH} fatbin"
+        COMMENT "nvcc ${name}.cu -> ${sass_text} fatbin"
         VERBATIM)
       add_custom_command(
         OUTPUT "${image}"

@@ -1,7 +1,8 @@
 /**
  * The timeline: what TimelineRecorder keeps of a group's events, and the structure of the SVG
  * renderTimelineSvg draws from a recorded run (lanes, bars, collective guides, failure marks,
- * axis, legend), checked as elements and attributes rather than pixels.
+ * idle breaks, axis, legend, labels that fit), checked as elements and attributes rather than
+ * pixels; test/inspector.e2e.test.ts measures the labels in a browser.
  */
 import { existsSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -12,6 +13,7 @@ import {
     axisTicks,
     layoutTimeline,
     renderTimelineSvg,
+    textWidth,
     type TimelineRecording
 } from '../actors/observe/timeline.js';
 import { FakeGroup } from './fixtures/fake-group.js';
@@ -266,5 +268,106 @@ describe('TimelineRecorder', () => {
             ['init', 'registerWindow', 'ready'],
             ['init', 'registerWindow', 'ready']
         ]);
+    });
+});
+
+describe('idle stretches', () => {
+    /** Two ranks start for 1000 ms, run one 4 ms barrier, sit ready for 2000 ms, and are destroyed. */
+    const slowStart: TimelineRecording = {
+        size: 2,
+        startedAt: RUN_START,
+        endedAt: RUN_START + 3020,
+        initial: [{ rank: 0, state: 'init' }, { rank: 1, state: 'init' }],
+        transitions: [0, 1].flatMap((rank) => [
+            { rank, from: 'init', to: 'ready', event: 'PHASE_DONE', at: RUN_START + 1000 + rank },
+            { rank, from: 'ready', to: 'barrier', event: 'BARRIER', at: RUN_START + 1005, op: 'barrier', seq: 1 },
+            { rank, from: 'barrier', to: 'ready', event: 'PHASE_DONE', at: RUN_START + 1009, op: 'barrier', seq: 1 },
+            { rank, from: 'ready', to: 'destroying', event: 'DESTROY', at: RUN_START + 3009 },
+            { rank, from: 'destroying', to: 'destroyed', event: 'PHASE_DONE', at: RUN_START + 3015 }
+        ]),
+        failures: []
+    };
+
+    test('are the spans in which every rank waits, long enough to matter', () => {
+        // Worker start-up and the ready after it (both waiting) until the barrier, then the long
+        // ready until destroying; the 5 ms in destroyed at the end is too short to matter.
+        expect(layoutTimeline(slowStart).breaks).toEqual([{ start: 0, end: 1005 }, { start: 1009, end: 3009 }]);
+        expect(layoutTimeline(slowStart, { compressIdle: false }).breaks).toEqual([]);
+    });
+
+    test('never cover a state that works, nor a failure', () => {
+        // recordedRun waits 100 ms in dispatching before it times out: that is the story, not idle time.
+        expect(layoutTimeline(recordedRun).breaks).toEqual([]);
+        const failing: TimelineRecording = {
+            ...slowStart,
+            failures: [{ rank: 1, at: RUN_START + 2000, code: 'RANK_FAILED', message: 'rank 0 failed', state: 'ready' }]
+        };
+        const breaks = layoutTimeline(failing).breaks;
+        expect(breaks.some((b) => b.start < 2000 && b.end > 2000)).toBe(false);
+    });
+
+    test('are drawn shrunk, so the operations get the width; bars keep their real durations', () => {
+        const svg = renderTimelineSvg(slowStart, { width: 960 });
+        const tree = parseSvg(svg);
+        expect(withAttr(tree, 'data-break').map((b) => [b.attrs['data-start'], b.attrs['data-duration']])).toEqual([
+            ['0', '1005'], ['1009', '2000']
+        ]);
+        const barrier = withAttr(tree, 'data-state').find((bar) => bar.attrs['data-state'] === 'barrier')!;
+        expect(barrier.attrs['data-duration']).toBe('4');
+        // To scale, 4 ms of 3020 would be 1 px of the 872 px plot; with the breaks it is a visible bar.
+        const width = (svgText: string) => {
+            const bar = withAttr(parseSvg(svgText), 'data-state').find((b) => b.attrs['data-state'] === 'barrier')!;
+            return Number(bar.children.find((c) => c.tag === 'rect')!.attrs.width);
+        };
+        expect(width(renderTimelineSvg(slowStart, { compressIdle: false }))).toBeLessThan(2);
+        expect(width(svg)).toBeGreaterThan(50);
+        expect(withAttr(tree, 'data-legend-item').map((i) => i.attrs['data-legend-item'])).toContain('break');
+    });
+
+    test('leave no tick inside a break; labelled ticks stay apart and inside the drawing', () => {
+        const tree = parseSvg(renderTimelineSvg(slowStart, { width: 960 }));
+        const ticks = withAttr(tree, 'data-tick').map((t) => Number(t.attrs['data-tick']));
+        expect(ticks.length).toBeGreaterThan(2);
+        for (const tick of ticks) expect((tick > 0 && tick < 1005) || (tick > 1009 && tick < 3009)).toBe(false);
+        const xs = withAttr(tree, 'data-tick').map((t) => Number(t.attrs.x));
+        expect(xs).toEqual([...xs].sort((a, b) => a - b));
+    });
+});
+
+describe('labels', () => {
+    /** Each label's box by the renderer's own width bound: x, x + textWidth. */
+    function labelBoxes(svg: string, kind: string, size: number) {
+        return withAttr(parseSvg(svg), 'data-label')
+            .filter((label) => label.attrs['data-label'] === kind)
+            .map((label) => ({ text: textOf(label), x0: Number(label.attrs.x), x1: Number(label.attrs.x) + textWidth(textOf(label), size), y: label.attrs.y }));
+    }
+
+    test('collective labels never overlap in a row, nor run past the right edge', () => {
+        for (const width of [480, 700, 960, 1400]) {
+            const svg = renderTimelineSvg(recordedRun, { width });
+            const boxes = labelBoxes(svg, 'collective', 10);
+            expect(boxes.length).toBeGreaterThan(0);
+            for (const box of boxes) expect(box.x1).toBeLessThanOrEqual(width);
+            for (const a of boxes) {
+                for (const b of boxes) {
+                    if (a !== b && a.y === b.y) expect(a.x1 <= b.x0 || b.x1 <= a.x0).toBe(true);
+                }
+            }
+        }
+    });
+
+    test('a state label fits inside its bar, shortened first, dropped when nothing fits', () => {
+        const svg = renderTimelineSvg(recordedRun, { width: 700 });
+        for (const bar of withAttr(parseSvg(svg), 'data-state')) {
+            const label = bar.children.find((c) => c.attrs['data-label'] === 'state');
+            if (!label) continue;
+            const rect = bar.children.find((c) => c.tag === 'rect')!;
+            const x0 = Number(rect.attrs.x);
+            const x1 = x0 + Number(rect.attrs.width);
+            expect(Number(label.attrs.x)).toBeGreaterThanOrEqual(x0);
+            expect(Number(label.attrs.x) + textWidth(textOf(label), 11)).toBeLessThanOrEqual(x1);
+        }
+        const texts = withAttr(parseSvg(svg), 'data-label').map(textOf);
+        expect(texts.some((t) => t.endsWith('…'))).toBe(true);
     });
 });

@@ -1,104 +1,205 @@
-// `rankflow demo`: a group of ranks on the backend found (host without GPUs) lives, synchronises,
-// moves tokens and dies, printing every transition as it happens and what it measured.
+/**
+ * `rankflow demo`: a group of ranks on the backend found (host without GPUs) lives, synchronises,
+ * moves tokens and dies, printing every transition as it happens and what it measured, with a
+ * progress line on stderr for each phase so a large run is never silent. `--timeline out.svg`
+ * and `--trace out.json` write the run's timeline (SVG, Chrome trace for Perfetto), also when
+ * the demo fails, which is when they are most wanted.
+ */
+import { mkdir, writeFile } from 'node:fs/promises';
+import { dirname, resolve } from 'node:path';
 import { createGroup } from '../group.js';
 import { RankflowError } from '../core/errors.js';
 import { tensor, toBf16, type Tensor } from '../core/tensor.js';
-import type { GroupObserver } from '../observe/timeline.js';
+import { debug } from '../observe/debug.js';
+import type { GroupObserver } from '../observe/observer.js';
+import { TimelineRecorder } from '../observe/timeline-recorder.js';
+import { choiceFlag, intFlag, pathFlag, type CliIo, type Command, type DemoRun, type OptionSpec, type OptionValues } from './command.js';
 
-export interface DemoOptions {
-  argv: string[];
-  observers?: GroupObserver[];
-  out?: (line: string) => void;
+export interface DemoSettings {
+    ranks: number;
+    backend: 'auto' | 'host' | 'cuda';
+    tokens: number;
+    hidden: number;
+    rounds: number;
+    quiet: boolean;
 }
 
-const DEMO_USAGE = `usage: rankflow demo [--ranks N] [--backend auto|host|cuda] [--tokens N] [--hidden N] [--rounds N] [--quiet] [--timeline out.svg]`;
+/** The demo's own flags; `inspect` takes them too and hands them on. */
+export const DEMO_OPTIONS: OptionSpec = {
+    ranks: { type: 'string' },
+    backend: { type: 'string' },
+    tokens: { type: 'string' },
+    hidden: { type: 'string' },
+    rounds: { type: 'string' },
+    quiet: { type: 'boolean' }
+};
 
-function parse(argv: string[]): { ranks: number; backend: 'auto' | 'host' | 'cuda'; tokens: number; hidden: number; rounds: number; quiet: boolean } {
-  const o = { ranks: 4, backend: 'auto' as 'auto' | 'host' | 'cuda', tokens: 256, hidden: 1024, rounds: 100, quiet: false };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]!;
-    const value = (): string => {
-      const v = argv[++i];
-      if (v === undefined) throw new RankflowError('EINVAL', `${a} needs a value\n${DEMO_USAGE}`);
-      return v;
+export const DEMO_DETAILS = `  --ranks N           ranks in the group (default 4)
+  --backend B         auto, host or cuda (default auto: cuda where GPUs are usable)
+  --tokens N          tokens per rank for dispatch/combine (default 256)
+  --hidden N          hidden size (default 1024)
+  --rounds N          barriers timed (default 100)
+  --quiet             do not print each transition`;
+
+/** Checks the demo's flags; throws UsageError naming the first one that is wrong. */
+export function demoSettings(values: OptionValues): DemoSettings {
+    return {
+        ranks: intFlag(values, 'ranks', 4, 1, 64),
+        backend: choiceFlag(values, 'backend', ['auto', 'host', 'cuda'] as const, 'auto'),
+        tokens: intFlag(values, 'tokens', 256),
+        hidden: intFlag(values, 'hidden', 1024),
+        rounds: intFlag(values, 'rounds', 100),
+        quiet: values.quiet === true
     };
-    if (a === '--ranks') o.ranks = Number(value());
-    else if (a === '--backend') o.backend = value() as typeof o.backend;
-    else if (a === '--tokens') o.tokens = Number(value());
-    else if (a === '--hidden') o.hidden = Number(value());
-    else if (a === '--rounds') o.rounds = Number(value());
-    else if (a === '--quiet') o.quiet = true;
-    else throw new RankflowError('EINVAL', `unknown option ${a}\n${DEMO_USAGE}`);
-  }
-  return o;
+}
+
+export const demoCommand: Command = {
+    name: 'demo',
+    summary: 'run a group: transitions, barrier, allGather, dispatch/combine',
+    usage:
+        'usage: rankflow demo [--ranks N] [--backend auto|host|cuda] [--tokens N] [--hidden N] [--rounds N] [--quiet] ' +
+        '[--timeline out.svg] [--trace out.json]',
+    details: `${DEMO_DETAILS}
+  --timeline FILE     write the run's timeline as SVG when the demo ends
+  --trace FILE        write the run as Chrome trace JSON (open it in ui.perfetto.dev)`,
+    options: { ...DEMO_OPTIONS, timeline: { type: 'string' }, trace: { type: 'string' } },
+    async run(values, context) {
+        const settings = demoSettings(values);
+        const files = { timeline: pathFlag(values, 'timeline'), trace: pathFlag(values, 'trace') };
+        const recorder = files.timeline || files.trace ? new TimelineRecorder() : undefined;
+        let code = 0;
+        try {
+            await (context.runDemo ?? runDemo)({ settings, observers: recorder ? [recorder] : [], io: context });
+        } catch (error) {
+            code = 1;
+            context.err(`demo failed: ${(error as Error)?.message ?? String(error)}`);
+        }
+        if (recorder) await writeRunFiles(recorder, files, context);
+        return code;
+    }
+};
+
+/** Writes what `--timeline` and `--trace` ask for and says where. */
+export async function writeRunFiles(recorder: TimelineRecorder, files: { timeline?: string; trace?: string }, io: CliIo): Promise<void> {
+    if (files.timeline) io.out(`timeline written to ${await writeTimeline(files.timeline, recorder)}`);
+    if (files.trace) io.out(`trace written to ${await writeTrace(files.trace, recorder)} (open it in ui.perfetto.dev)`);
+}
+
+/** Writes a recorder's timeline as SVG to `path` (directories created); returns the full path. */
+export async function writeTimeline(path: string, recorder: TimelineRecorder, title = 'rankflow demo'): Promise<string> {
+    return writeCreating(path, recorder.toSvg({ title }));
+}
+
+/** Writes a recorder's run as Chrome trace JSON to `path`, this process as the trace's process. */
+export async function writeTrace(path: string, recorder: TimelineRecorder, title = 'rankflow demo'): Promise<string> {
+    return writeCreating(path, `${JSON.stringify(recorder.toChromeTrace({ pid: process.pid, processName: title }))}\n`);
+}
+
+async function writeCreating(path: string, text: string): Promise<string> {
+    const full = resolve(path);
+    await mkdir(dirname(full), { recursive: true });
+    await writeFile(full, text);
+    return full;
 }
 
 const us = (ms: number): string => `${(ms * 1000).toFixed(1)} µs`;
 
-export async function runDemo(opts: DemoOptions): Promise<void> {
-  const out = opts.out ?? ((line: string) => process.stdout.write(`${line}\n`));
-  const o = parse(opts.argv);
-  if (!Number.isInteger(o.rounds) || o.rounds < 1) throw new RankflowError('EINVAL', `--rounds must be a positive integer (got ${o.rounds})`);
-  const topk = 8, numExperts = 8 * o.ranks;
-  const t0 = performance.now();
-  const group = await createGroup({
-    ranks: o.ranks, backend: o.backend,
-    buffer: { maxTokensPerRank: o.tokens, hidden: o.hidden, topk, numExperts },
-    observers: [
-      ...(opts.observers ?? []),
-      { attach: (g) => { const f = (t: { rank: number; from: string; to: string; event: string }) => { if (!o.quiet) out(`  rank ${t.rank}: ${t.from} -> ${t.to}  (${t.event})`); }; g.on('transition', f); return () => g.off('transition', f); } },
-    ],
-  });
-  const created = performance.now() - t0;
-  out(`group of ${group.size} ranks on '${group.backend}' ready in ${created.toFixed(1)} ms`);
-  try {
-    const b0 = performance.now();
-    const rounds = o.rounds;
-    const quiet = o.quiet;
-    o.quiet = true;  // a line per rank per barrier would drown the rest
-    for (let i = 0; i < rounds; i++) await group.barrier();
-    const barrier = (performance.now() - b0) / rounds;
-    o.quiet = quiet;
-    await group.barrier({ withCpuSync: true });
+/** Phase lines on stderr; within a long phase, at most one "n%" line a second. */
+function progressLog(io: CliIo) {
+    let last = performance.now();
+    return {
+        phase(text: string) {
+            io.err(`rankflow demo: ${text}`);
+            last = performance.now();
+        },
+        tick(text: string, done: number, total: number) {
+            const now = performance.now();
+            if (now - last < 1000) return;
+            last = now;
+            io.err(`rankflow demo:   ${text} ${Math.floor((100 * done) / total)}%`);
+        }
+    };
+}
 
-    const rows = 64;
-    const inputs = group.ranks.map((r) => tensor('fp32', [rows, o.hidden], Float32Array.from({ length: rows * o.hidden }, (_, i) => r.rank * 1e6 + i)));
-    const g0 = performance.now();
-    const gathered = await group.allGather(inputs);
-    const gatherMs = performance.now() - g0;
-    const ok = gathered.every((g) => g.data[rows * o.hidden] === 1e6 && g.data.length === group.size * rows * o.hidden);
-    const gatherBytes = group.size * rows * o.hidden * 4;
-
-    // Route every token to top-8 experts with a fixed pattern, dispatch, and combine back.
-    const T = o.tokens;
-    const inputsMoe = group.ranks.map(({ rank }) => {
-      const x = toBf16(Float32Array.from({ length: T * o.hidden }, (_, i) => ((i * 7 + rank) % 97) / 97));
-      const topkIdx = Int32Array.from({ length: T * topk }, (_, i) => (Math.floor(i / topk) * 5 + (i % topk) * 3 + rank) % numExperts);
-      for (let t = 0; t < T; t++) {
-        const seen = new Set<number>();
-        for (let k = 0; k < topk; k++) { let e = topkIdx[t * topk + k]!; while (seen.has(e)) e = (e + 1) % numExperts; seen.add(e); topkIdx[t * topk + k] = e; }
-      }
-      return { x: tensor('bf16', [T, o.hidden], x) as Tensor, topkIdx, topkWeights: new Float32Array(T * topk).fill(1 / topk) };
+/** The demo itself: one group, created with `observers` attached, destroyed at the end. */
+export async function runDemo({ settings: o, observers, io }: DemoRun): Promise<void> {
+    const progress = progressLog(io);
+    const topk = 8, numExperts = 8 * o.ranks;
+    let printTransitions = !o.quiet;
+    const printer: GroupObserver = {
+        attach: (g) => {
+            const f = (t: { rank: number; from: string; to: string; event: string }) => {
+                if (printTransitions) io.out(`  rank ${t.rank}: ${t.from} -> ${t.to}  (${t.event})`);
+            };
+            g.on('transition', f);
+            return () => g.off('transition', f);
+        }
+    };
+    progress.phase(`starting ${o.ranks} rank${o.ranks === 1 ? '' : 's'} (backend ${o.backend})`);
+    debug('demo: settings %j', o);
+    const t0 = performance.now();
+    const group = await createGroup({
+        ranks: o.ranks, backend: o.backend,
+        buffer: { maxTokensPerRank: o.tokens, hidden: o.hidden, topk, numExperts },
+        observers: [...observers, printer],
     });
-    const d0 = performance.now();
-    const dispatched = await group.dispatch(inputsMoe);
-    const dispatchMs = performance.now() - d0;
-    const received = dispatched.reduce((a, d) => a + d.x.data.byteLength, 0);
-    const c0 = performance.now();
-    await group.combine(dispatched.map((d) => ({ x: d.x, handle: d.handle })));
-    const combineMs = performance.now() - c0;
+    const created = performance.now() - t0;
+    io.out(`group of ${group.size} rank${group.size === 1 ? '' : 's'} on '${group.backend}' ready in ${created.toFixed(1)} ms`);
+    try {
+        progress.phase(`${o.rounds} barrier${o.rounds === 1 ? '' : 's'}`);
+        const b0 = performance.now();
+        printTransitions = false;  // a line per rank per barrier would drown the rest
+        for (let i = 0; i < o.rounds; i++) await group.barrier();
+        const barrier = (performance.now() - b0) / o.rounds;
+        printTransitions = !o.quiet;
+        await group.barrier({ withCpuSync: true });
 
-    out('');
-    out(`measured on ${group.size} '${group.backend}' ranks:`);
-    out(`  create -> ready          ${created.toFixed(1)} ms`);
-    out(`  barrier                  ${us(barrier)} per call (mean of ${rounds}, driver mode)`);
-    out(`  allGather ${(gatherBytes / 2 ** 20).toFixed(1)} MiB       ${gatherMs.toFixed(2)} ms, ${ok ? 'checked' : 'WRONG'}`);
-    out(`  dispatch ${T} tokens/rank  ${dispatchMs.toFixed(2)} ms, ${(received / 2 ** 20).toFixed(1)} MiB received, ${(received / dispatchMs / 1e6).toFixed(2)} GB/s (driver mode, incl. thread hops)`);
-    out(`  combine                  ${combineMs.toFixed(2)} ms`);
-    if (!ok) throw new RankflowError('EINVAL', 'allGather returned wrong data');
-  } finally {
-    const x0 = performance.now();
-    await group.destroy();
-    out(`  destroy                  ${(performance.now() - x0).toFixed(1)} ms; states: ${group.snapshot().map((s) => s.state).join(', ')}`);
-  }
+        const rows = 64;
+        const gatherBytes = group.size * rows * o.hidden * 4;
+        progress.phase(`allGather of ${(gatherBytes / 2 ** 20).toFixed(1)} MiB`);
+        const inputs = group.ranks.map((r) => tensor('fp32', [rows, o.hidden], Float32Array.from({ length: rows * o.hidden }, (_, i) => r.rank * 1e6 + i)));
+        const g0 = performance.now();
+        const gathered = await group.allGather(inputs);
+        const gatherMs = performance.now() - g0;
+        // Every rank must hold every rank's input, in rank order: compared element by element.
+        const ok = gathered.every((g) => g.data.length === group.size * rows * o.hidden &&
+            inputs.every((input, r) => input.data.every((v, i) => g.data[r * rows * o.hidden + i] === v)));
+
+        // Route every token to top-8 experts with a fixed pattern, dispatch, and combine back.
+        const T = o.tokens;
+        progress.phase(`building dispatch inputs: ${T} tokens x ${o.hidden} hidden per rank, top-${topk} of ${numExperts} experts`);
+        const inputsMoe = group.ranks.map(({ rank }, index) => {
+            const x = toBf16(Float32Array.from({ length: T * o.hidden }, (_, i) => ((i * 7 + rank) % 97) / 97));
+            const topkIdx = Int32Array.from({ length: T * topk }, (_, i) => (Math.floor(i / topk) * 5 + (i % topk) * 3 + rank) % numExperts);
+            for (let t = 0; t < T; t++) {
+                const seen = new Set<number>();
+                for (let k = 0; k < topk; k++) { let e = topkIdx[t * topk + k]!; while (seen.has(e)) e = (e + 1) % numExperts; seen.add(e); topkIdx[t * topk + k] = e; }
+            }
+            progress.tick('inputs', index + 1, group.size);
+            return { x: tensor('bf16', [T, o.hidden], x) as Tensor, topkIdx, topkWeights: new Float32Array(T * topk).fill(1 / topk) };
+        });
+        progress.phase('dispatch');
+        const d0 = performance.now();
+        const dispatched = await group.dispatch(inputsMoe);
+        const dispatchMs = performance.now() - d0;
+        const received = dispatched.reduce((a, d) => a + d.x.data.byteLength, 0);
+        progress.phase('combine');
+        const c0 = performance.now();
+        await group.combine(dispatched.map((d) => ({ x: d.x, handle: d.handle })));
+        const combineMs = performance.now() - c0;
+
+        io.out('');
+        io.out(`measured on ${group.size} '${group.backend}' ranks:`);
+        io.out(`  create -> ready          ${created.toFixed(1)} ms`);
+        io.out(`  barrier                  ${us(barrier)} per call (mean of ${o.rounds}, driver mode)`);
+        io.out(`  allGather ${(gatherBytes / 2 ** 20).toFixed(1)} MiB       ${gatherMs.toFixed(2)} ms, ${ok ? 'checked' : 'WRONG'}`);
+        io.out(`  dispatch ${T} tokens/rank  ${dispatchMs.toFixed(2)} ms, ${(received / 2 ** 20).toFixed(1)} MiB received, ${(received / dispatchMs / 1e6).toFixed(2)} GB/s (driver mode, incl. thread hops)`);
+        io.out(`  combine                  ${combineMs.toFixed(2)} ms`);
+        if (!ok) throw new RankflowError('EINVAL', 'allGather returned wrong data');
+    } finally {
+        progress.phase('destroying the group');
+        const x0 = performance.now();
+        await group.destroy();
+        io.out(`  destroy                  ${(performance.now() - x0).toFixed(1)} ms; states: ${group.snapshot().map((s) => s.state).join(', ')}`);
+    }
 }

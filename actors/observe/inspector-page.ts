@@ -12,9 +12,10 @@
  * Stable hooks for tests and scripts: `[data-rank="N"] [data-role="state"]` holds rank N's state
  * path as its text; `[data-role="failure"]` in the same card says how it failed;
  * `[data-role="connection"]` is 'connecting', 'live', 'ended' or 'reconnecting'; the timeline
- * sits in `[data-role="timeline"]`.
+ * sits in `[data-role="timeline"]`; `[data-role="log"] li[data-at]` are the log's lines, in time order
+ * (`data-at`: epoch ms).
  */
-import { STATE_COLORS, escapeXml } from './timeline.js';
+import { STATE_COLORS, escapeXml } from './timeline-style.js';
 
 export const PAGE_STYLE = `
 :root { color-scheme: light; --fg: #0f172a; --muted: #64748b; --line: #e2e8f0; --bg: #f8fafc; }
@@ -178,11 +179,18 @@ function showFailure(rank, text, timeout) {
   if (timeout) card.failureEl.setAttribute('data-timeout', '');
 }
 
-function log(text, failure) {
-  var item = el('li', failure ? { 'class': 'failure' } : null, text);
-  logEl.appendChild(item);
+// The log is kept in time order. Events do not arrive in it: each rank's worker reports in
+// batches, so one rank's transitions can come after a later one of another rank, and a failure
+// is stamped when the group reports it. Most land at the end, so the search starts there.
+function log(at, text, failure) {
+  var attrs = { 'data-at': String(at) };
+  if (failure) attrs['class'] = 'failure';
+  var item = el('li', attrs, text);
+  var next = null;
+  for (var node = logEl.lastChild; node && Number(node.getAttribute('data-at')) > at; node = node.previousSibling) next = node;
+  logEl.insertBefore(item, next);
   while (logEl.childNodes.length > LOG_LIMIT) logEl.removeChild(logEl.firstChild);
-  logEl.scrollTop = logEl.scrollHeight;
+  if (!next) logEl.scrollTop = logEl.scrollHeight;
 }
 
 function drawTransitionTable() {
@@ -225,7 +233,7 @@ function onTransition(t) {
   setState(t.rank, t.to);
   var what = t.op !== undefined ? '  ' + t.op + (t.seq !== undefined ? ' #' + t.seq : '') : '';
   var failed = topOf(t.to) === 'failed';
-  log('+' + ms(t.at - run.startedAt) + '  rank ' + t.rank + '  ' + t.from + ' \\u2192 ' + t.to + '  ' + t.event + what +
+  log(t.at, '+' + ms(t.at - run.startedAt) + '  rank ' + t.rank + '  ' + t.from + ' \\u2192 ' + t.to + '  ' + t.event + what +
       (t.phase ? '  phase ' + t.phase : ''), failed);
   if (failed && cards[t.rank]) {
     // The phase comes with the transition; the group's failed event, which may come before or
@@ -250,7 +258,7 @@ function describeFailure(rank, f) {
 function onFailure(f) {
   if (cards[f.rank]) cards[f.rank].failure = f;
   describeFailure(f.rank, f);
-  log('+' + ms(f.at - run.startedAt) + '  rank ' + f.rank + '  ' + f.code + ' in ' + phaseOf(f) + ': ' + f.message, true);
+  log(f.at, '+' + ms(f.at - run.startedAt) + '  rank ' + f.rank + '  ' + f.code + ' in ' + phaseOf(f) + ': ' + f.message, true);
   scheduleTimeline();
 }
 

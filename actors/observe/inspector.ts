@@ -19,13 +19,13 @@ import { createServer, type IncomingMessage, type ServerResponse } from 'node:ht
 import type { AddressInfo } from 'node:net';
 import { PAGE_SCRIPT, PAGE_STYLE, renderInspectorPage } from './inspector-page.js';
 import { assertMachineDescription, type MachineDescription } from './machine-graph.js';
-import {
-    TimelineRecorder,
-    epochNow,
-    type GroupObserver,
-    type ObservableGroup,
-    type TimelineEntry
-} from './timeline.js';
+import { hostnameOf, isLoopbackAddress, isLoopbackHost } from './loopback.js';
+import { epochNow, type GroupObserver, type ObservableGroup } from './observer.js';
+import { TimelineRecorder, type TimelineEntry } from './timeline-recorder.js';
+import { debug } from './debug.js';
+
+/** Where `createGroup({ inspect: url })` turns its URL into host and port; re-exported for it and the tests. */
+export { inspectorAddress, isLoopbackHost } from './loopback.js';
 
 export interface InspectorOptions {
     /** TCP port; default 0, any free port (the URL says which). */
@@ -164,6 +164,7 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
             if (!group) send(response, 'detached', {});
         }
         streams.add(response);
+        debug('inspector: event stream opened (%d open)', streams.size);
         const heartbeat = setInterval(() => response.write(': keep-alive\n\n'), HEARTBEAT_MS);
         heartbeat.unref();
         // The response's close, not the request's: it is what fires when the page goes away.
@@ -238,6 +239,7 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
     const address = server.address() as AddressInfo;
     const urlHost = address.family === 'IPv6' ? `[${address.address}]` : address.address;
     const url = `http://${urlHost}:${address.port}/`;
+    debug('inspector: listening at %s', url);
 
     let closing: Promise<void> | undefined;
 
@@ -249,6 +251,7 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
                 throw new Error('inspector: a group is already attached; one inspector shows one group at a time');
             }
             group = target;
+            debug('inspector: showing a group of %d ranks', target.size);
             stopRecording = recorder.attach(target);
             unsubscribe = recorder.subscribe((entry) => broadcast((response) => sendEntry(response, entry)));
             // Pages already open start over with the new run.
@@ -277,45 +280,6 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
             return closing;
         }
     };
-}
-
-/**
- * Parses the `inspect` URL a group was given, 'http://127.0.0.1:9230' or 'http://localhost:0',
- * into listen options. Refuses anything but plain http on a loopback host.
- */
-export function inspectorAddress(url: string): { host: string; port: number } {
-    let parsed: URL;
-    try {
-        parsed = new URL(url);
-    } catch {
-        throw new RangeError(`inspect: '${url}' is not a URL; expected http://127.0.0.1:PORT`);
-    }
-    if (parsed.protocol !== 'http:') {
-        throw new RangeError(`inspect: '${url}' must be an http:// URL (the inspector serves plain HTTP on loopback)`);
-    }
-    const host = parsed.hostname.replace(/^\[(.*)\]$/, '$1');
-    if (!isLoopbackHost(host)) {
-        throw new RangeError(`inspect: host '${parsed.hostname}' is not loopback; use 127.0.0.1, [::1] or localhost`);
-    }
-    return { host, port: parsed.port === '' ? 0 : Number(parsed.port) };
-}
-
-/** 127.0.0.0/8, ::1 or the name localhost. */
-export function isLoopbackHost(host: string): boolean {
-    const bare = host.replace(/^\[(.*)\]$/, '$1').toLowerCase();
-    return bare === 'localhost' || isLoopbackAddress(bare);
-}
-
-function isLoopbackAddress(address: string): boolean {
-    const v4 = address.startsWith('::ffff:') ? address.slice(7) : address;
-    return address === '::1' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(v4);
-}
-
-/** The host part of a Host header: 'localhost:9230' -> 'localhost', '[::1]:9230' -> '::1'. */
-function hostnameOf(hostHeader: string): string {
-    const bracketed = /^\[([^\]]+)\](?::\d+)?$/.exec(hostHeader);
-    if (bracketed) return bracketed[1]!;
-    return hostHeader.replace(/:\d+$/, '');
 }
 
 function lastStates(recorder: TimelineRecorder): Array<{ rank: number; state: string }> {

@@ -1,0 +1,159 @@
+/**
+ * `rankflow doctor`: what this machine offers rankflow. The addon, the kernels built into it, the
+ * CUDA driver and GPUs, NCCL, and what `backend: 'auto'` picks, from the addon's own probe
+ * (actors/core/backend.ts#probeCuda). As text for people, or with `--json` as one JSON object on
+ * stdout for scripts. The probe's messages carry the loader's "(tried: ...)" lists; they are
+ * taken apart here into one line per library tried, each path written once.
+ */
+import { loadAddon } from '../core/addon.js';
+import { probeCuda, resolveBackend, type CudaProbe } from '../core/backend.js';
+import { config } from '../core/config.js';
+import { debug } from '../observe/debug.js';
+import type { Command } from './command.js';
+import { packageVersion } from './version.js';
+
+/** A failure to load a library, as the probe words it, in parts. */
+export interface LoadFailure {
+    /** The first sentence: what was not found. */
+    reason: string;
+    /** Each place looked, with the loader's error for it. */
+    tried: Array<{ path: string; error: string }>;
+    /** What to do about it. */
+    advice?: string;
+}
+
+export interface DoctorReport {
+    rankflow: string;
+    node: string;
+    platform: string;
+    addon: { path: string; loaded: boolean; error?: string };
+    kernels?: { images: number; note: string };
+    cuda: {
+        available: boolean;
+        /** Why cuda cannot be used, when it cannot. */
+        unavailable?: LoadFailure;
+        driver?: { path: string; version?: string };
+        gpus: Array<Record<string, unknown>>;
+    };
+    nccl?: { path?: string; version?: string; origin?: string; unavailable?: LoadFailure };
+    /** What `backend: 'auto'` resolves to here, or null with the reason. */
+    auto: { backend: 'host' | 'cuda' | null; error?: string };
+}
+
+/**
+ * Splits "X was not found (tried:\n  a: a: err\n  b: b: err). Do this." into its parts. The
+ * loader's error repeats the path it was given (dlerror's wording), so that copy is dropped.
+ */
+export function parseLoadFailure(message: string): LoadFailure {
+    // The list ends at the first ')' that closes a sentence: a path may hold '(system)'.
+    const match = /^([\s\S]*?)\s*\(tried:((?:\n[^\n]*?)*?)\)\.(?:\s+([\s\S]*))?$/.exec(message);
+    if (!match) return { reason: message.trim(), tried: [] };
+    const tried = match[2]!
+        .split('\n')
+        .map((line) => line.trim())
+        .filter((line) => line !== '')
+        .map((line) => {
+            const colon = line.indexOf(': ');
+            if (colon < 0) return { path: line, error: '' };
+            const path = line.slice(0, colon);
+            let error = line.slice(colon + 2);
+            const bare = path.replace(/\s+\(.*\)$/, '');
+            if (error.startsWith(`${bare}: `)) error = error.slice(bare.length + 2);
+            return { path, error };
+        });
+    const advice = (match[3] ?? '').trim();
+    return { reason: match[1]!.trim(), tried, ...(advice ? { advice } : {}) };
+}
+
+/** Gathers the report; never throws (a missing addon is part of the report). */
+export function doctorReport(): DoctorReport {
+    const report: DoctorReport = {
+        rankflow: packageVersion(),
+        node: process.version,
+        platform: `${process.platform} ${process.arch}`,
+        addon: { path: config.addonPath, loaded: false },
+        cuda: { available: false, gpus: [] },
+        auto: { backend: null }
+    };
+    try {
+        loadAddon();
+        report.addon.loaded = true;
+    } catch (error) {
+        report.addon.error = (error as Error).message;
+        report.auto.error = 'the addon did not load';
+        return report;
+    }
+    const probe: CudaProbe = probeCuda();
+    debug('doctor: probe %j', probe);
+    const kernels = probe.kernels as { images?: number; note?: string } | undefined;
+    if (kernels) report.kernels = { images: Number(kernels.images ?? 0), note: String(kernels.note ?? '') };
+    report.cuda.available = probe.available;
+    if (!probe.available && probe.reason) report.cuda.unavailable = parseLoadFailure(probe.reason);
+    if (typeof probe.driver === 'string') {
+        report.cuda.driver = { path: probe.driver, ...(typeof probe.driverVersion === 'string' ? { version: probe.driverVersion } : {}) };
+    }
+    if (Array.isArray(probe.gpus)) report.cuda.gpus = probe.gpus as Array<Record<string, unknown>>;
+    const nccl = probe.nccl as { path?: string; version?: string; origin?: string; reason?: string } | undefined;
+    if (nccl) {
+        report.nccl = {
+            ...(nccl.path !== undefined ? { path: nccl.path } : {}),
+            ...(nccl.version !== undefined ? { version: nccl.version } : {}),
+            ...(nccl.origin !== undefined ? { origin: nccl.origin } : {}),
+            ...(nccl.reason !== undefined ? { unavailable: parseLoadFailure(nccl.reason) } : {})
+        };
+    }
+    try {
+        report.auto.backend = resolveBackend('auto');
+    } catch (error) {
+        report.auto.error = (error as Error).message;
+    }
+    return report;
+}
+
+/** The report as aligned text: a label column, details indented under it. */
+export function formatDoctorReport(report: DoctorReport): string[] {
+    const lines: string[] = [];
+    const row = (label: string, text: string) => lines.push(`${label.padEnd(9)}${text}`);
+    const more = (text: string) => lines.push(`${''.padEnd(9)}${text}`);
+    const failure = (label: string, f: LoadFailure) => {
+        row(label, f.reason);
+        f.tried.forEach((t, i) => more(`${i === 0 ? 'tried ' : '      '}${t.path}${t.error ? `: ${t.error}` : ''}`));
+        if (f.advice) more(f.advice);
+    };
+
+    lines.push(`rankflow ${report.rankflow} (node ${report.node}, ${report.platform})`);
+    if (!report.addon.loaded) {
+        row('addon', `not loaded: ${report.addon.path}`);
+        more(report.addon.error ?? '');
+        return lines;
+    }
+    row('addon', `${report.addon.path}, loaded`);
+    row('kernels', report.kernels ? `${report.kernels.images} images, ${report.kernels.note}` : 'none: this build has no CUDA backend');
+    if (report.cuda.driver) row('driver', `${report.cuda.driver.path}${report.cuda.driver.version ? `, CUDA ${report.cuda.driver.version}` : ''}`);
+    else if (report.cuda.unavailable) failure('driver', report.cuda.unavailable);
+    if (report.cuda.gpus.length === 0) row('GPUs', 'none');
+    for (const gpu of report.cuda.gpus) {
+        row('GPU', `${gpu.ordinal}: ${gpu.name}, ${gpu.arch}, ${gpu.sms} SMs, NUMA node ${gpu.numaNode}, ` +
+            `${gpu.vmmPosixFd ? 'VMM with POSIX-fd handles' : 'no VMM with POSIX-fd handles'}`);
+    }
+    if (report.nccl?.unavailable) failure('NCCL', report.nccl.unavailable);
+    else if (report.nccl) row('NCCL', `${report.nccl.path ?? '?'}, version ${report.nccl.version ?? '?'}${report.nccl.origin ? ` (${report.nccl.origin})` : ''}`);
+    if (report.cuda.driver && report.cuda.unavailable) failure('cuda', report.cuda.unavailable);
+    else row('cuda', report.cuda.available ? 'usable' : 'not usable: see driver above');
+    row('auto', report.auto.backend ? `picks '${report.auto.backend}'` : `picks nothing: ${report.auto.error ?? 'unknown'}`);
+    return lines;
+}
+
+export const doctorCommand: Command = {
+    name: 'doctor',
+    summary: "what this machine has: GPUs, driver, NCCL, kernels, what 'auto' picks",
+    usage: 'usage: rankflow doctor [--json]',
+    details: '  --json              one JSON object on stdout instead of text (fields: rankflow, node, addon, kernels, cuda, nccl, auto)',
+    options: { json: { type: 'boolean' } },
+    async run(values, context) {
+        const report = doctorReport();
+        if (values.json) context.out(JSON.stringify(report, null, 2));
+        else for (const line of formatDoctorReport(report)) context.out(line);
+        return report.addon.loaded ? 0 : 1;
+    }
+};
