@@ -47,6 +47,7 @@ void CudaBackend::create() {
   launch_ = std::make_unique<Launcher>(modules_->kernels(), dev_->sm_count(), c_.cfg.device_share, c_.cfg.cooperative);
   ce_min_bytes_ = c_.cfg.ce_min_bytes;
   RF_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING);
+  pool_.create(ordinal_, stream_);
   // Mapped host memory: the Control block, then the mirror of the dispatch counts (CPU-sync wait).
   const int64_t counts_words = kargs::host_counts_words(world(), c_.experts_per_rank());
   host_.create(int64_t(sizeof(Control)) + counts_words * 8);
@@ -67,7 +68,7 @@ void CudaBackend::create() {
   // Device scratch: the peer table kernels take, the stream's two arrival words, the graph epoch.
   const std::vector<uint64_t> table = mem_.peer_table();
   const int64_t table_bytes = align_up(int64_t(table.size() * sizeof(uint64_t)), 256);
-  RF_CU(cuMemAlloc, &scratch_, size_t(table_bytes + 256));
+  scratch_ = pool_.alloc(table_bytes + 256, "the peer table");
   peers_ = scratch_;
   arrivals_ = scratch_ + CUdeviceptr(table_bytes);
   epoch_ = arrivals_ + 64;
@@ -91,7 +92,7 @@ void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint6
     if (c_.cpu_bytes > 0) {    // engram: every rank's host segment, as my GPU addresses it
       std::vector<uint64_t> seg(static_cast<size_t>(world()));
       for (int p = 0; p < world(); ++p) seg[size_t(p)] = uint64_t(mem_.host_segment(p));
-      RF_CU(cuMemAlloc, &segments_, seg.size() * sizeof(uint64_t));
+      segments_ = pool_.alloc(int64_t(seg.size() * sizeof(uint64_t)), "the host segments' table");
       RF_CU(cuMemcpyHtoDAsync, segments_, seg.data(), seg.size() * sizeof(uint64_t), stream_);
     }
     if (comm_ != nullptr)  // collective: every rank registers its device segment at the same time
@@ -197,7 +198,9 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
     throw Error("TIMEOUT_GPU", std::string(e.what()) + ": the rank's GPU work did not finish", site.peer,
                 phase_name(site.phase));
   }
-  if (aborted) {
+  // Raised while the op ran (its kernels may have given up before this wait saw it): the op's
+  // results cannot be trusted, and the rank is failing anyway.
+  if (aborted || abort_raised()) {
     const int failed = c_.abort.failed_rank();
     mark_dead(failed >= 0 ? "released after rank " + std::to_string(failed) + " failed" : "released at teardown");
     WaitRules a = c_.rules;
@@ -233,6 +236,12 @@ void CudaBackend::wait_completed(uint64_t seq, const WaitSite& site) {
 }
 
 void CudaBackend::check_control(const WaitSite& site) {
+  check_gave_up();
+  check_refused();
+  (void)site;
+}
+
+void CudaBackend::check_gave_up() {
   volatile Control* k = ctl_;
   if (k->diag.code == kDiagTimeout) {
     const uint64_t phase = k->diag.phase;
@@ -247,6 +256,10 @@ void CudaBackend::check_control(const WaitSite& site) {
                     "'s protocol state is gone, but its GPU stays usable: destroy the group (a new one works)",
                 peer, phase_name(phase));
   }
+}
+
+void CudaBackend::check_refused() {
+  volatile Control* k = ctl_;
   if (k->bad_seq != 0) {
     const uint64_t seq = k->bad_seq;
     const int64_t index = k->bad_index, value = k->bad_value;
@@ -259,7 +272,6 @@ void CudaBackend::check_control(const WaitSite& site) {
                               std::to_string(c_.cfg.ep.num_experts) + ") and not -1 (dispatch #" + std::to_string(seq) +
                               ", found on the GPU: that slot was dropped)");
   }
-  (void)site;
 }
 
 // A launch failed: a kernel faulted (device waits never trap). CUDA's launch failures are sticky for
@@ -278,15 +290,16 @@ void CudaBackend::fail_stream(CUresult r) {
               rank());
 }
 
+// Driver mode's device copy of host tensors: grown in stream order (the old block is freed after the
+// work queued on it), never with a device-wide synchronisation.
 CUdeviceptr CudaBackend::staging(int64_t bytes) {
   if (bytes > stage_bytes_) {
     translating(rank(), [&] {
-      RF_CU(cuStreamSynchronize, stream_);
-      if (stage_ != 0) RF_CU(cuMemFree, stage_);
+      if (stage_ != 0) pool_.free(stage_);
       stage_ = 0;
       stage_bytes_ = 0;
       const int64_t n = align_up(bytes, kAlignment);
-      RF_CU_FOR("driver-mode staging of " + std::to_string(n) + " bytes", cuMemAlloc, &stage_, size_t(n));
+      stage_ = pool_.alloc(n, "driver-mode staging");
       stage_bytes_ = n;
     });
   }
@@ -343,17 +356,14 @@ void CudaBackend::destroy() noexcept {
     comm_ = nullptr;
     window_ = nullptr;
   }
-  pool_.destroy();
   launch_.reset();
   modules_.reset();
   if (d != nullptr) {
     if (busy_stream_ != nullptr) d->cuStreamSynchronize(busy_stream_), d->cuStreamDestroy(busy_stream_);
     for (CUevent* e : {&op_start_, &op_end_})
       if (*e != nullptr) d->cuEventDestroy(*e);
+    pool_.destroy();  // scratch, segments and staging too
     if (stream_ != nullptr) d->cuStreamDestroy(stream_);
-    if (scratch_ != 0) d->cuMemFree(scratch_);
-    if (segments_ != 0) d->cuMemFree(segments_);
-    if (stage_ != 0) d->cuMemFree(stage_);
     if (registered_ != nullptr) d->cuMemHostUnregister(registered_);
   }
   busy_stream_ = nullptr;

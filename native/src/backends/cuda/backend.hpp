@@ -130,7 +130,9 @@ class CudaBackend final : public Backend {
   void wait_completed(uint64_t seq, const WaitSite& site);
   template <typename Ready>
   void wait_device(const WaitSite& site, Ready ready);
-  void check_control(const WaitSite& site);
+  void check_control(const WaitSite& site);  // check_gave_up, then check_refused
+  void check_gave_up();                       // a recorded timeout -> TIMEOUT_GPU
+  void check_refused();                       // an input the kernels refused -> EINVAL
   [[noreturn]] void fail_stream(CUresult r);
   void mark_dead(const std::string& why) const;
   bool abort_raised() const;

@@ -13,33 +13,18 @@ namespace {
 CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
 }  // namespace
 
+// With CPU sync the rank waits for the kernel's completion flag (mapped host memory the kernel writes
+// last): the kernel completes only once every peer's barrier kernel arrived, i.e. once every peer's
+// CPU called the barrier and its earlier GPU work is done. That is the CPU round already, so cuda needs
+// no second round of slot writes through the driver (the host executor does its CPU round on slots).
 void CudaBackend::barrier(uint64_t seq, bool cpu_round, bool wait) {
   kargs::BarrierArgs a;
   a.r = rank_args(seq);
   a.array = c_.ws.barrier;
   a.phase = kPhaseBarrier;
-  a.complete = wait ? 1 : 0;
+  a.complete = wait || cpu_round ? 1 : 0;
   translating(rank(), [&] { launch_->barrier(stream_, a); });
-  if (!wait) return;
-  wait_completed(seq, WaitSite{kPhaseBarrier, -1, "barrier"});
-  if (!cpu_round) return;
-  // The CPUs' round under the same seq: each CPU writes cpu_barrier into every peer's window (device
-  // memory, through the driver) and polls its own slots, with the CPU timeout.
-  translating(rank(), [&] {
-    const uint64_t v = seq;  // the slot's sequence number; this round carries no payload
-    for (int p = 0; p < world(); ++p)
-      if (p != rank())
-        RF_CU(cuMemcpyHtoD, mem_.peer_base(p) + CUdeviceptr(c_.ws.slot(c_.ws.cpu_barrier, rank())), &v, sizeof v);
-  });
-  for (int p = 0; p < world(); ++p) {
-    if (p == rank()) continue;
-    const CUdeviceptr at = mem_.window() + CUdeviceptr(c_.ws.slot(c_.ws.cpu_barrier, p));
-    uint64_t v = 0;
-    wait_until(c_.rules, WaitSite{kPhaseCpuBarrier, p, "cpu_barrier"}, WaitKind::Cpu, [&] {
-      translating(rank(), [&] { RF_CU(cuMemcpyDtoH, &v, at, sizeof v); });
-      return seq_reached(v, seq);
-    }, [&] { return v; });
-  }
+  if (wait || cpu_round) wait_completed(seq, WaitSite{kPhaseBarrier, -1, "barrier"});
 }
 
 void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {

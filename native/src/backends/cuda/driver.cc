@@ -2,6 +2,7 @@
 #include "driver.hpp"
 
 #include <dlfcn.h>
+#include <cstdlib>
 #include <link.h>
 
 #include <mutex>
@@ -68,6 +69,10 @@ void load(Loaded& out) {
   RF_CUDA_DRIVER_CALLS(RF_CUDA_DRIVER_LOOKUP)
 #undef RF_CUDA_DRIVER_LOOKUP
 
+  // Work queues from the host to the GPU (default 8): streams beyond that share a queue, in order. A
+  // rank's kernel that waits for a peer must never sit in front of that peer's work in one queue (ranks
+  // sharing a GPU), so ask for the most, unless the application chose (read when a context is made).
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const CUresult init = d.cuInit(0);
   if (init != CUDA_SUCCESS) {
     const char* name = nullptr;

@@ -24,6 +24,7 @@ namespace rankflow::cuda {
   X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)       \
   X(cuMemExportToShareableHandle) X(cuMemImportFromShareableHandle)                            \
   X(cuMemAlloc) X(cuMemFree)                                                                   \
+  X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolSetAttribute) X(cuMemAllocFromPoolAsync) X(cuMemFreeAsync) \
   X(cuMemHostAlloc) X(cuMemHostGetDevicePointer) X(cuMemFreeHost) X(cuMemHostRegister) X(cuMemHostUnregister)                              \
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)           \
   X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                                  \

@@ -164,13 +164,16 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
     if (aborted || finished) {
       wait_stream(WaitSite{kPhaseNotify, -1, "rank_count"});  // throws: the abort, or the notify's timeout
       if (!arrived()) {
+        if (abort_raised()) throw abort_error(c_.rules, WaitSite{kPhaseNotify, -1, "rank_count"});
         mark_dead("a dispatch notify ended without the peers' counts");
         throw Error("TIMEOUT_GPU", "rank " + std::to_string(rank()) + "'s dispatch notify ended without the peers' counts",
                     rank(), phase_name(kPhaseNotify));
       }
     }
   }
-  check_control(WaitSite{kPhaseNotify, -1, "rank_count"});  // a bad expert id is EINVAL before any data moves
+  // A bad expert id is reported once the op has run to its end (dispatch_data): the peers' data
+  // phases wait for this rank's, so refusing here would leave them hanging.
+  check_gave_up();
   l.recv_count.assign(size_t(W), 0);
   l.tokens_per_expert.assign(size_t(epr), 0);
   l.num_recv = 0;
@@ -227,6 +230,7 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     if (!capturing_) RF_CU(cuEventRecord, op_end_, stream_);
   });
   keep_for_graph(st);
+  if (!capturing_ && l.counts_known) check_refused();  // the notify that saw it finished: its report is there
   const uint64_t b = uint64_t(mem_.window()) + uint64_t(c_.ws.bytes);
   auto region = [&](int64_t off) { return Mem{ptr(CUdeviceptr(b + uint64_t(off))), true}; };
   if (in.x.device) {
