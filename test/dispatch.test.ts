@@ -314,6 +314,28 @@ describe('dispatch: cached mode (handle, no topkIdx)', () => {
     });
 });
 
+describe('dispatch: handles in use stay valid', () => {
+    const cfg: MoeConfig = { worldSize: 2, hidden: 128, topk: 2, numExperts: 4 };
+
+    test('a handle every step replays lives through 300 dispatches; one left unused expires after 256 newer ones (EINVAL naming it, no rank moves)', async () => {
+        const inputs = randomInputs(45, cfg, (r) => 4 + r);
+        await withGroup({ ranks: 2, buffer: buffer(cfg, 16) }, async (g) => {
+            const layer = await g.dispatch(inputs);
+            const unused = await g.dispatch(inputs);
+            let last: DispatchResult[] = layer;
+            for (let step = 0; step < 300; step++) {
+                last = await g.dispatch(inputs.map((d, r) => ({ x: d.x, handle: layer[r]!.handle })));
+                await g.combine(last.map((o) => ({ x: o.x, handle: o.handle })));
+            }
+            expectDispatched(last, inputs, cfg);
+            const err = (await g.dispatch(inputs.map((d, r) => ({ x: d.x, handle: unused[r]!.handle }))).catch((e: unknown) => e)) as RankflowError;
+            expect(err.code).toBe('EINVAL');
+            expect(err.message).toMatch(/inputs\[0\]\.handle: .*expired \(a rank keeps the 256 most recently used handles\)/);
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+        });
+    });
+});
+
 describe('dispatch in a rank program', () => {
     test('rank.dispatch inside the workers gives what driver-mode dispatch gives', async () => {
         const cfg: MoeConfig = { worldSize: 4, hidden: 256, topk: 4, numExperts: 16 };

@@ -67,7 +67,6 @@ export interface NativeContext {
   readWindow(offset: number, length: number): Uint8Array;
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
   destroy(): void;
-  takeEvicted(): number[];
   barrier(cpuSync: boolean): void;
   allGather(input: TensorArg, bytes: number, output: TensorArg): void;
   /** Host outputs (mode 0), DISPATCH_PENDING, or undefined (device modes: results in the scratch). */

@@ -115,7 +115,8 @@ export function checkHandle(name: string, h: unknown, rank: number, groupId: str
   if (handle.group !== groupId) throw invalid(name, 'belongs to another group');
   if (handle.rank !== rank) throw invalid(name, `belongs to rank ${handle.rank}, not rank ${rank}`);
   if (registry && !registry.has(h))
-    throw invalid(name, `is not a handle a dispatch of rank ${rank} returned (a copy or a made-up object), or it expired (handles live for the last ${MAX_LIVE_HANDLES} dispatches)`);
+    throw invalid(name, `is not a handle a dispatch of rank ${rank} returned (a copy or a made-up object), or it expired (a rank keeps the ${MAX_LIVE_HANDLES} most recently used handles)`);
+  registry?.touch(handle);
 }
 
 /** Per-rank combine checks; returns the bias tensors as a list. */

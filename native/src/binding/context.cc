@@ -56,7 +56,6 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::ReadWindow>("readWindow"),
                          InstanceMethod<&ContextWrap::WritePeer>("writePeer"),
                          InstanceMethod<&ContextWrap::Destroy>("destroy"),
-                         InstanceMethod<&ContextWrap::TakeEvicted>("takeEvicted"),
                          InstanceMethod<&ContextWrap::Barrier>("barrier"),
                          InstanceMethod<&ContextWrap::AllGather>("allGather"),
                          InstanceMethod<&ContextWrap::Dispatch>("dispatch"),
@@ -276,15 +275,6 @@ Napi::Value ContextWrap::Destroy(const Napi::CallbackInfo& info) {
   pending_.reset();
   teardown();
   return info.Env().Undefined();
-}
-
-Napi::Value ContextWrap::TakeEvicted(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  if (!ctx_) return Napi::Array::New(env, 0);
-  const std::vector<uint32_t> ids = ctx_->take_evicted();
-  Napi::Array out = Napi::Array::New(env, ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) out.Set(uint32_t(i), Napi::Number::New(env, ids[i]));
-  return out;
 }
 
 // ---- collectives ----

@@ -43,7 +43,6 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value ReadWindow(const Napi::CallbackInfo& info);
   Napi::Value WritePeer(const Napi::CallbackInfo& info);
   Napi::Value Destroy(const Napi::CallbackInfo& info);
-  Napi::Value TakeEvicted(const Napi::CallbackInfo& info);
   // collectives
   Napi::Value Barrier(const Napi::CallbackInfo& info);
   Napi::Value AllGather(const Napi::CallbackInfo& info);

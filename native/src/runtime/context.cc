@@ -61,13 +61,16 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
 void Context::destroy() noexcept {
   abort.stop();
   layouts.clear();  // layout states free their backend memory first
+  last_use_.clear();
   if (backend_) backend_->destroy();
   backend_.reset();
 }
 
 std::shared_ptr<DispatchLayout> Context::layout(uint32_t id) const {
   const auto it = layouts.find(id);
-  return it == layouts.end() ? nullptr : it->second;
+  if (it == layouts.end()) return nullptr;
+  last_use_[id] = ++use_clock_;
+  return it->second;
 }
 
 std::shared_ptr<DispatchLayout> Context::add_layout() {
@@ -75,17 +78,15 @@ std::shared_ptr<DispatchLayout> Context::add_layout() {
   l->id = next_layout_id++;
   if (next_layout_id == 0) next_layout_id = 1;  // 0 means "no handle"
   layouts[l->id] = l;
-  while (layouts.size() > kMaxLiveHandles) {  // the oldest handles expire
-    evicted_.push_back(layouts.begin()->first);
-    layouts.erase(layouts.begin());
+  last_use_[l->id] = ++use_clock_;
+  while (layouts.size() > kMaxLiveHandles) {  // the least recently used handle expires
+    auto oldest = last_use_.begin();
+    for (auto u = last_use_.begin(); u != last_use_.end(); ++u)
+      if (u->second < oldest->second) oldest = u;
+    layouts.erase(oldest->first);
+    last_use_.erase(oldest);
   }
   return l;
-}
-
-std::vector<uint32_t> Context::take_evicted() {
-  std::vector<uint32_t> out;
-  out.swap(evicted_);
-  return out;
 }
 
 // ---- what a backend without devices answers ----

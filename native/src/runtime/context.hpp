@@ -59,7 +59,9 @@ class Context {
   uint64_t seq = 0;            // collectives done; identical on every rank
   uint64_t capture_start = 0;  // seq when the graph being captured began (ops/graph.cc)
   Session session;
-  std::map<uint32_t, std::shared_ptr<DispatchLayout>> layouts;  // live handles, bounded
+  // Live handles, at most kMaxLiveHandles: using one (a cached dispatch, a combine) keeps it, and the
+  // least recently used goes when a dispatch makes one more (actors/core/handles.ts does the same).
+  std::map<uint32_t, std::shared_ptr<DispatchLayout>> layouts;
   uint32_t next_layout_id = 1;
   int64_t engram_entries = -1, engram_row_bytes = 0;
   static constexpr size_t kMaxLiveHandles = 256;
@@ -75,15 +77,15 @@ class Context {
   int64_t experts_per_rank() const { return cfg.ep.num_experts / cfg.world_size; }
   uint64_t next_seq() { return ++seq; }
 
+  // The layout a handle names (nullptr: unknown or expired); counts as a use.
   std::shared_ptr<DispatchLayout> layout(uint32_t id) const;
   std::shared_ptr<DispatchLayout> add_layout();
-  // Ids of the layouts evicted since the last call (the worker forgets their handles).
-  std::vector<uint32_t> take_evicted();
   void destroy() noexcept;
 
  private:
   std::unique_ptr<Backend> backend_;
-  std::vector<uint32_t> evicted_;
+  mutable std::map<uint32_t, uint64_t> last_use_;
+  mutable uint64_t use_clock_ = 0;
 };
 
 }  // namespace rankflow

@@ -9,8 +9,8 @@ std::shared_ptr<DispatchLayout> handle_layout(const Context& c, uint32_t handle,
   auto l = c.layout(handle);
   RF_CHECK(l && l->complete, "EINVAL",
            std::string(what) + ": handle " + std::to_string(handle) + " is unknown or expired on rank " +
-               std::to_string(c.rank()) + " (handles live for the last " + std::to_string(Context::kMaxLiveHandles) +
-               " dispatches)");
+               std::to_string(c.rank()) + " (a rank keeps the " + std::to_string(Context::kMaxLiveHandles) +
+               " most recently used handles)");
   return l;
 }
 
