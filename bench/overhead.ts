@@ -6,9 +6,9 @@ import { parseArgs } from 'node:util';
 import { createGroup } from '../actors/index.js';
 import type { OverheadFigure } from './programs/op-overhead.js';
 
-export async function measureOverhead(backend: 'host' | 'cuda', ranks: number, iters: number, warmup: number): Promise<OverheadFigure[]> {
+export async function measureOverhead(backend: 'host' | 'cuda', ranks: number, iters: number, warmup: number, devices?: number[]): Promise<OverheadFigure[]> {
   const buffer = { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 2 * ranks };
-  const g = await createGroup({ backend, ranks, buffer });
+  const g = await createGroup({ backend, ranks, buffer, ...(devices ? { devices } : {}) });
   try {
     const per = await g.run<OverheadFigure[]>(new URL('./programs/op-overhead.js', import.meta.url), { iters, warmup });
     // the slower rank of each figure (every rank waits for the slowest anyway)
@@ -25,9 +25,12 @@ if (import.meta.url === `file://${process.argv[1]}`) {
       ranks: { type: 'string', default: '2' },
       iters: { type: 'string', default: '2000' },
       warmup: { type: 'string', default: '200' },
+      /** cuda: every rank on GPU 0 */
+      share: { type: 'boolean', default: false },
     },
   });
-  const figs = await measureOverhead(flags.backend as 'host' | 'cuda', Number(flags.ranks), Number(flags.iters), Number(flags.warmup));
+  const devices = flags.share ? Array<number>(Number(flags.ranks)).fill(0) : undefined;
+  const figs = await measureOverhead(flags.backend as 'host' | 'cuda', Number(flags.ranks), Number(flags.iters), Number(flags.warmup), devices);
   console.log(`per-op wall µs in a rank program (${flags.backend}, ${flags.ranks} ranks, ${flags.iters} iters)`);
   for (const f of figs) console.log(`${f.op.padEnd(22)} p50 ${f.p50.toFixed(1).padStart(8)}  p99 ${f.p99.toFixed(1).padStart(8)}  mean ${f.mean.toFixed(1).padStart(8)}`);
 }

@@ -67,6 +67,12 @@ export function programHandle(ops: RankOps) {
       <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> & DeviceTensor<D>;
     },
     hostTensor: tensor,
+    /** the sequence number of this rank's last collective (a graph replay takes one per captured op) */
+    get seq(): number {
+      return native.info().seq as number;
+    },
+    /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare) */
+    info: () => native.info(),
     async barrier(opts: { withCpuSync?: boolean } = {}) {
       if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { withCpuSync? }');
       if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');

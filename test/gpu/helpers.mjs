@@ -1,26 +1,45 @@
-// Shared by the GPU tests (node:test on the compiled package: `npm run test:gpu`, on a machine with
-// 2 GPUs). They import the built JS in dist/, as an installed package would.
+// Shared by the GPU tests (node:test on the compiled package: `npm run test:gpu`). They import the
+// built JS in dist/, as an installed package would. Every multi-rank test runs in each layout the
+// machine allows: ranks sharing GPU 0 (2, and 4 where a test asks), and, with 2+ GPUs, one rank per GPU.
 import { readdirSync } from 'node:fs';
 
 export * from '../../dist/actors/index.js';
 import { createGroup, probeCuda, tensor } from '../../dist/actors/index.js';
 
 export const MiB = 1 << 20;
-/** A small MoE buffer with room for a 1.8 MB allGather (2 parts plus the cuda staging area). */
+/** A small MoE buffer with room for a 1.8 MB allGather (the parts plus the cuda staging area). */
 export const BUFFER = { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 4, bytes: 16 * MiB };
 
-/** Fails the whole file up front, with the probe's reason, where the GPUs are not usable. */
-export function requireTwoGpus() {
-  const probe = probeCuda();
+const probe = probeCuda();
+
+/** The probe, or a failure of the whole file with its reason where no GPU is usable. */
+export function requireGpu() {
   if (!probe.available) throw new Error(`the CUDA backend is unavailable: ${probe.reason}`);
-  if (probe.devices < 2) throw new Error(`these tests need 2 GPUs; the driver sees ${probe.devices}`);
   return probe;
 }
 
-export const cudaGroup = (opts = {}) => createGroup({ backend: 'cuda', ranks: 2, buffer: BUFFER, ...opts });
-export const hostGroup = (opts = {}) => createGroup({ backend: 'host', ranks: 2, buffer: BUFFER, ...opts });
+/** GPUs the driver sees (0 without a usable backend). */
+export const gpuCount = () => (probe.available ? probe.devices : 0);
+
+/**
+ * The layouts a multi-rank test runs in: { name, ranks, devices, distinct }. `sizes`: rank counts
+ * sharing GPU 0; one rank per GPU (2 GPUs) is added where the machine has them.
+ */
+export function layouts(sizes = [2]) {
+  const out = sizes.map((n) => ({ name: `${n} ranks sharing GPU 0`, ranks: n, devices: Array(n).fill(0), distinct: false }));
+  if (gpuCount() >= 2) out.push({ name: '2 ranks on GPUs 0 and 1', ranks: 2, devices: [0, 1], distinct: true });
+  return out;
+}
+
+/** Why a test that needs distinct GPUs is skipped here (node:test counts a skip as not passed), or false. */
+export const needsTwoGpus = () => (gpuCount() >= 2 ? false : `needs 2 GPUs; the driver sees ${gpuCount()}`);
+
+export const cudaGroup = (layout, opts = {}) =>
+  createGroup({ backend: 'cuda', ranks: layout.ranks, devices: layout.devices, buffer: BUFFER, ...opts });
+export const hostGroup = (layout, opts = {}) => createGroup({ backend: 'host', ranks: layout.ranks, buffer: BUFFER, ...opts });
 
 export const openFds = () => readdirSync('/proc/self/fd').length;
+export const range = (n) => Array.from({ length: n }, (_, i) => i);
 
 /** Deterministic data per (rank, round): a tensor of `dtype` and `shape` whose bytes all differ. */
 export function pattern(dtype, shape, rank, round) {
@@ -34,3 +53,18 @@ export function pattern(dtype, shape, rank, round) {
 }
 
 export const bytesOfTensor = (t) => new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
+
+/** The states each rank went through, recorded from now on. */
+export function recordPaths(group) {
+  const paths = group.ranks.map(() => []);
+  group.on('transition', (t) => paths[t.rank - group.rankOffset].push(t.to));
+  return paths;
+}
+
+export async function waitFor(cond, ms = 10_000) {
+  const end = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error('condition not met in time');
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

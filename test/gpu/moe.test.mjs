@@ -1,23 +1,15 @@
-// Dispatch and combine on the CUDA backend (2 GPUs), each case compared bit for bit with a host group
-// given the same inputs: the host executor is the reference. Driver mode (host tensors staged through
-// device memory) and a rank program with device-resident tensors.
+// Dispatch and combine on the CUDA backend, each case compared bit for bit with a host group given the
+// same inputs (the host executor is the reference), in every layout the machine has: 2 and 4 ranks
+// sharing GPU 0, and one rank per GPU where there are two. Driver mode (host tensors staged through
+// device memory) and rank programs with device-resident tensors; the kernels complete while other
+// work holds most SMs; mismatched handles and bad expert ids come back as EINVAL.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { createGroup, requireTwoGpus, tensor } from './helpers.mjs';
+import { createGroup, layouts, recordPaths, requireGpu, tensor } from './helpers.mjs';
 import { MOE_BUFFER, biasInput, combineInput, moeInput } from './moe-inputs.mjs';
 
-let cuda;
-let host;
-before(async () => {
-  requireTwoGpus();
-  cuda = await createGroup({ backend: 'cuda', ranks: 2, buffer: MOE_BUFFER });
-  host = await createGroup({ backend: 'host', ranks: 2, buffer: MOE_BUFFER });
-});
-after(async () => {
-  await cuda?.destroy();
-  await host?.destroy();
-});
+before(() => requireGpu());
 
 const { hidden, topk } = MOE_BUFFER;
 const bytes = (a) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
@@ -25,6 +17,7 @@ const same = (got, want, what) => {
   assert.equal(got.length, want.length, `${what}: length`);
   assert.ok(bytes(got).equals(bytes(want)), `${what}: bytes differ`);
 };
+const TOKENS = { 2: [100, 77], 4: [100, 77, 0, 128] };
 
 function inputs(seed, tokens, opts = {}) {
   return tokens.map((T, r) => {
@@ -56,132 +49,211 @@ function sameDispatch(got, want, label) {
   });
 }
 
-/** The same dispatch on both groups; returns [cuda, host] results after checking them equal. */
-async function bothDispatch(ins, label) {
-  const [c, h] = [await cuda.dispatch(ins), await host.dispatch(ins)];
-  sameDispatch(c, h, label);
-  return [c, h];
+for (const layout of layouts([2, 4])) {
+  const W = layout.ranks;
+  const tokens = TOKENS[W];
+  const program = (name) => new URL(`./programs/${name}`, import.meta.url);
+
+  describe(`dispatch and combine on cuda equal the host executor: ${layout.name}`, () => {
+    let cuda;
+    let host;
+    before(async () => {
+      cuda = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: MOE_BUFFER });
+      host = await createGroup({ backend: 'host', ranks: W, buffer: MOE_BUFFER });
+    });
+    after(async () => {
+      await cuda?.destroy();
+      await host?.destroy();
+    });
+
+    /** The same dispatch on both groups; returns [cuda, host] results after checking them equal. */
+    async function bothDispatch(ins, label) {
+      const [c, h] = [await cuda.dispatch(ins), await host.dispatch(ins)];
+      sameDispatch(c, h, label);
+      return [c, h];
+    }
+
+    async function bothCombine(c, h, seed, { biases = 0, weights = true } = {}, label = '') {
+      const mk = (res) => res.map((d, r) => {
+        const ci = combineInput(seed, r, d.x.shape[0]);
+        const T = d.handle.numTokens;
+        const bias = [biasInput(seed, r, T), biasInput(seed + 1, r, T)].slice(0, biases).map((b) => tensor('bf16', [T, hidden], b));
+        return { x: tensor('bf16', [d.x.shape[0], hidden], ci.x), handle: d.handle, ...(weights ? { topkWeights: ci.w } : {}), ...(biases ? { bias } : {}) };
+      });
+      const [gc, gh] = [await cuda.combine(mk(c)), await host.combine(mk(h))];
+      gh.forEach((w, r) => {
+        same(gc[r].x.data, w.x.data, `${label} combine x, rank ${r}`);
+        same(gc[r].topkWeights, w.topkWeights, `${label} combine weights, rank ${r}`);
+      });
+    }
+
+    test('bf16, top-8 of 256 with -1 slots; then combine with 0/1/2 biases, with and without weights', async () => {
+      const [c, h] = await bothDispatch(inputs(1, tokens), 'bf16');
+      assert.ok(c.some((d) => d.x.shape[0] > 0));
+      for (const biases of [0, 1, 2])
+        for (const weights of [true, false]) await bothCombine(c, h, 10 + biases, { biases, weights }, `${biases} biases, weights ${weights}`);
+    });
+
+    test('fp8e4m3 with per-128 scales', async () => {
+      const [c, h] = await bothDispatch(inputs(2, tokens.map((t) => Math.min(t, 64)), { fp8: true }), 'fp8');
+      await bothCombine(c, h, 20, { biases: 1 }, 'after fp8');
+    });
+
+    test('a rank with zero tokens', async () => {
+      const [c, h] = await bothDispatch(inputs(3, [0, ...tokens.slice(1)]), 'zero-token rank');
+      assert.equal(c[0].handle.numTokens, 0);
+      await bothCombine(c, h, 30, { biases: 2 }, 'zero-token rank');
+    });
+
+    test('every token to one expert (rank 0 receives everything, the others nothing)', async () => {
+      const [c, h] = await bothDispatch(inputs(4, tokens, { routing: 'one' }), 'one expert');
+      assert.equal(c[0].x.shape[0], tokens.reduce((a, b) => a + b, 0));
+      for (let r = 1; r < W; r++) assert.equal(c[r].x.shape[0], 0);
+      await bothCombine(c, h, 40, {}, 'one expert');
+    });
+
+    test('every slot -1: nothing moves', async () => {
+      const [c, h] = await bothDispatch(inputs(5, tokens, { routing: 'none' }), 'all -1');
+      assert.deepEqual(c.map((d) => d.x.shape[0]), Array(W).fill(0));
+      await bothCombine(c, h, 50, { biases: 1 }, 'all -1');
+    });
+
+    test('expertAlignment rounds tokensPerExpert up', async () => {
+      const [c] = await bothDispatch(inputs(6, tokens, { expertAlignment: 16 }), 'alignment 16');
+      assert.ok(c.every((d) => d.tokensPerExpert.every((n) => n % 16 === 0)));
+    });
+
+    test('cached mode: the handle routing with new x, with and without new weights', async () => {
+      const [c, h] = await bothDispatch(inputs(7, tokens), 'first');
+      const again = (res, withWeights) => inputs(8, tokens).map((i, r) => ({
+        x: i.x, handle: res[r].handle, ...(withWeights ? { topkWeights: i.topkWeights } : {}),
+      }));
+      for (const withWeights of [false, true]) {
+        const [kc, kh] = [await cuda.dispatch(again(c, withWeights)), await host.dispatch(again(h, withWeights))];
+        sameDispatch(kc, kh, `cached, weights ${withWeights}`);
+        await bothCombine(kc, kh, 70, { biases: 1 }, 'cached');
+      }
+    });
+
+    test('one transition into dispatching and one out per rank, the record naming notify, cpuSync, data', async () => {
+      const seen = [];
+      const onT = (t) => seen.push(t);
+      cuda.on('transition', onT);
+      try {
+        await cuda.dispatch(inputs(9, tokens.map(() => 10)));
+      } finally {
+        cuda.off('transition', onT);
+      }
+      for (let r = 0; r < W; r++) {
+        const mine = seen.filter((t) => t.rank === r);
+        assert.equal(mine[0].to, 'dispatching.running');
+        assert.deepEqual(mine.at(-1).phases, ['notify', 'cpuSync', 'data'], `rank ${r}: ${mine.map((t) => t.to).join(' ')}`);
+      }
+    });
+
+    test('rank programs with device tensors: dispatch (CPU sync, outputs in the buffer, cached) and combine equal the host group', async () => {
+      const seed = 11;
+      const res = await cuda.run(program('moe-device.mjs'), { seed, tokens });
+      const ins = inputs(seed, tokens);
+      const h = await host.dispatch(ins);
+      res.forEach((o, r) => {
+        assert.equal(o.isDevice, true);
+        const w = h[r];
+        const R = w.x.shape[0];
+        assert.equal(o.numRecv, R);
+        same(o.x, w.x.data, `program x, rank ${r}`);
+        same(o.topkIdx, w.topkIdx, `program topkIdx, rank ${r}`);
+        same(o.topkWeights, w.topkWeights, `program topkWeights, rank ${r}`);
+        same(o.srcRank, w.srcRank, `program srcRank, rank ${r}`);
+        same(o.srcToken, w.srcToken, `program srcToken, rank ${r}`);
+        assert.deepEqual(o.tokensPerExpert, w.tokensPerExpert);
+        assert.equal(o.inBuffer.numRecv, null);
+        assert.equal(o.inBuffer.rows, W * MOE_BUFFER.maxTokensPerRank);
+        same(o.inBuffer.x, w.x.data, `in-buffer x, rank ${r}`);
+        same(o.inBuffer.srcToken, w.srcToken, `in-buffer srcToken, rank ${r}`);
+        same(o.inBuffer.srcRank, w.srcRank, `in-buffer srcRank, rank ${r}`);
+        assert.equal(o.inBuffer.sameViews, true);
+        assert.equal(o.combineFromBufferRefused, 'EINVAL');
+        assert.ok(o.timedMs > 0);
+      });
+      const hc = await host.combine(h.map((d, r) => {
+        const ci = combineInput(seed, r, d.x.shape[0]);
+        const T = tokens[r];
+        return { x: tensor('bf16', [d.x.shape[0], hidden], ci.x), handle: d.handle, topkWeights: ci.w, bias: [tensor('bf16', [T, hidden], biasInput(seed, r, T))] };
+      }));
+      res.forEach((o, r) => {
+        same(o.combineX, hc[r].x.data, `program combine x, rank ${r}`);
+        same(o.combineW, hc[r].topkWeights, `program combine weights, rank ${r}`);
+      });
+      const hk = await host.dispatch(inputs(seed + 1, tokens).map((i, r) => ({ x: i.x, handle: h[r].handle })));
+      res.forEach((o, r) => {
+        assert.equal(o.cached.numRecv, hk[r].x.shape[0]);
+        same(o.cached.x, hk[r].x.data, `program cached x, rank ${r}`);
+        same(o.cached.topkWeights, hk[r].topkWeights, `program cached weights, rank ${r}`);
+      });
+    });
+
+    test('captured graphs of cached dispatch, combine and barrier replay exact, every replay new collectives seen as transitions', async () => {
+      const seed = 12;
+      const replays = 5;
+      const paths = recordPaths(cuda);
+      const res = await cuda.run(program('moe-graph.mjs'), { seed, tokens, replays });
+      const h = await host.dispatch(inputs(seed, tokens));
+      const hk = await host.dispatch(inputs(seed + 1, tokens).map((i, r) => ({ x: i.x, handle: h[r].handle })));
+      const hc = await host.combine(hk.map((d, r) => ({ x: tensor('bf16', [d.x.shape[0], hidden], combineInput(seed, r, d.x.shape[0]).x), handle: d.handle })));
+      res.forEach((o, r) => {
+        assert.deepEqual(o.ops, [1, 3]);
+        assert.equal(o.seqAfter - o.seqBefore, 4 * replays, 'each replay takes its graph\'s sequence numbers');
+        assert.equal(o.replayed.length, replays);
+        for (let i = 0; i < o.replayed.length; i++) {
+          same(o.replayed[i].x, hk[r].x.data, `replay ${i} dispatch x, rank ${r}`);
+          same(o.replayed[i].combineX, hc[r].x.data, `replay ${i} combine x, rank ${r}`);
+        }
+        same(o.after.x, hk[r].x.data, `a plain cached dispatch after the replays, rank ${r}`);
+        assert.equal(paths[r].filter((p) => p === 'replaying').length, 2 * replays, `rank ${r}: ${paths[r].join(' ')}`);
+      });
+    });
+
+    test('a dispatch and a combine complete, exact, while a kernel on another stream holds all but 8 SMs: fast with grids that fit, later but never hung with the default', async () => {
+      const seed = 13;
+      const busyMs = 3000;
+      const busy = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: MOE_BUFFER, timeouts: { gpuSeconds: 2 } });
+      let res;
+      try {
+        res = await busy.run(program('moe-busy.mjs'), { seed, tokens, busyMs });
+      } finally {
+        await busy.destroy();
+      }
+      const h = await host.dispatch(inputs(seed, tokens));
+      const hc = await host.combine(h.map((d, r) => ({ x: tensor('bf16', [d.x.shape[0], hidden], combineInput(seed, r, d.x.shape[0]).x), handle: d.handle })));
+      res.forEach((o, r) => {
+        for (const k of ['fitted', 'plain']) {
+          same(o[k].x, h[r].x.data, `${k}: dispatch under load x, rank ${r}`);
+          same(o[k].combineX, hc[r].x.data, `${k}: combine under load x, rank ${r}`);
+        }
+        assert.ok(o.fitted.ms < busyMs / 3, `rank ${r}: ${o.fitted.ms.toFixed(0)} ms with numSms ${o.numSms}: the ops waited for the busy kernel`);
+      });
+      console.log(`${layout.name}: ${res[0].busySms} of ${res[0].sms} SMs held for ${busyMs} ms; dispatch + combine with numSms ${res[0].numSms}: ` +
+        `${res.map((o) => o.fitted.ms.toFixed(1)).join(', ')} ms; with the default grids: ${res.map((o) => o.plain.ms.toFixed(0)).join(', ')} ms`);
+    });
+
+    test('ranks replaying handles of different dispatches: EINVAL naming inputs.handle on every rank, never silent; the group goes on', async () => {
+      const res = await cuda.run(program('moe-mismatch.mjs'), { seed: 14, tokens });
+      for (const o of res) {
+        assert.equal(o.code, 'EINVAL', JSON.stringify(o));
+        assert.match(o.message, /inputs\.handle: rank \d+ replays another dispatch's handle/);
+      }
+      await cuda.barrier();
+      const [c, hh] = await bothDispatch(inputs(15, tokens), 'after the mismatch');
+      await bothCombine(c, hh, 16, {}, 'after the mismatch');
+    });
+
+    test('an expert id out of range in a device tensor: the kernel reports it, the dispatch is EINVAL naming topkIdx; the group goes on', async () => {
+      const res = await cuda.run(program('moe-bad-id.mjs'), { tokens });
+      assert.ok(res.some((o) => o.code === 'EINVAL' && /topkIdx\[\d+\]: 999 is outside \[0, 256\)/.test(o.message)), JSON.stringify(res));
+      await cuda.barrier();
+      const [c, hh] = await bothDispatch(inputs(17, tokens), 'after the bad id');
+      await bothCombine(c, hh, 18, {}, 'after the bad id');
+    });
+  });
 }
-
-async function bothCombine(c, h, seed, { biases = 0, weights = true } = {}, label = '') {
-  const mk = (res) => res.map((d, r) => {
-    const ci = combineInput(seed, r, d.x.shape[0]);
-    const T = d.handle.numTokens;
-    const bias = [biasInput(seed, r, T), biasInput(seed + 1, r, T)].slice(0, biases).map((b) => tensor('bf16', [T, hidden], b));
-    return { x: tensor('bf16', [d.x.shape[0], hidden], ci.x), handle: d.handle, ...(weights ? { topkWeights: ci.w } : {}), ...(biases ? { bias } : {}) };
-  });
-  const [gc, gh] = [await cuda.combine(mk(c)), await host.combine(mk(h))];
-  gh.forEach((w, r) => {
-    same(gc[r].x.data, w.x.data, `${label} combine x, rank ${r}`);
-    same(gc[r].topkWeights, w.topkWeights, `${label} combine weights, rank ${r}`);
-  });
-}
-
-describe('dispatch on cuda equals the host executor', () => {
-  test('bf16, top-8 of 256 with -1 slots; then combine with 0/1/2 biases, with and without weights', async () => {
-    const [c, h] = await bothDispatch(inputs(1, [100, 77]), 'bf16');
-    assert.ok(c[0].x.shape[0] > 0 && c[1].x.shape[0] > 0);
-    for (const biases of [0, 1, 2])
-      for (const weights of [true, false]) await bothCombine(c, h, 10 + biases, { biases, weights }, `${biases} biases, weights ${weights}`);
-  });
-
-  test('fp8e4m3 with per-128 scales', async () => {
-    const [c, h] = await bothDispatch(inputs(2, [64, 128], { fp8: true }), 'fp8');
-    await bothCombine(c, h, 20, { biases: 1 }, 'after fp8');
-  });
-
-  test('a rank with zero tokens', async () => {
-    const [c, h] = await bothDispatch(inputs(3, [0, 50]), 'zero-token rank');
-    assert.equal(c[0].handle.numTokens, 0);
-    await bothCombine(c, h, 30, { biases: 2 }, 'zero-token rank');
-  });
-
-  test('every token to one expert (rank 0 receives everything, rank 1 nothing)', async () => {
-    const [c, h] = await bothDispatch(inputs(4, [40, 60], { routing: 'one' }), 'one expert');
-    assert.equal(c[0].x.shape[0], 100);
-    assert.equal(c[1].x.shape[0], 0);
-    await bothCombine(c, h, 40, {}, 'one expert');
-  });
-
-  test('every slot -1: nothing moves', async () => {
-    const [c, h] = await bothDispatch(inputs(5, [30, 20], { routing: 'none' }), 'all -1');
-    assert.deepEqual(c.map((d) => d.x.shape[0]), [0, 0]);
-    await bothCombine(c, h, 50, { biases: 1 }, 'all -1');
-  });
-
-  test('expertAlignment rounds tokensPerExpert up', async () => {
-    const [c] = await bothDispatch(inputs(6, [90, 70], { expertAlignment: 16 }), 'alignment 16');
-    assert.ok(c[0].tokensPerExpert.every((n) => n % 16 === 0));
-  });
-
-  test('cached mode: the handle routing with new x, with and without new weights', async () => {
-    const [c, h] = await bothDispatch(inputs(7, [80, 96]), 'first');
-    const again = (res, withWeights) => inputs(8, [80, 96]).map((i, r) => ({
-      x: i.x, handle: res[r].handle, ...(withWeights ? { topkWeights: i.topkWeights } : {}),
-    }));
-    for (const withWeights of [false, true]) {
-      const [kc, kh] = [await cuda.dispatch(again(c, withWeights)), await host.dispatch(again(h, withWeights))];
-      sameDispatch(kc, kh, `cached, weights ${withWeights}`);
-      await bothCombine(kc, kh, 70, { biases: 1 }, 'cached');
-    }
-  });
-
-  test('dispatch goes notify -> cpuSync -> data on every rank', async () => {
-    const seen = [];
-    const onT = (t) => seen.push(`${t.rank}:${t.to}`);
-    cuda.on('transition', onT);
-    try {
-      await cuda.dispatch(inputs(9, [10, 10]));
-    } finally {
-      cuda.off('transition', onT);
-    }
-    for (const r of [0, 1]) {
-      const mine = seen.filter((s) => s.startsWith(`${r}:`)).map((s) => s.slice(2));
-      const at = (p) => mine.findIndex((s) => s.includes(p));
-      assert.ok(at('notify') >= 0 && at('notify') < at('cpuSync') && at('cpuSync') < at('data'), `rank ${r}: ${mine.join(' ')}`);
-    }
-  });
-});
-
-describe('rank programs with device-resident tensors', () => {
-  test('dispatch (CPU sync, outputs in the buffer, cached) and combine equal the host group', async () => {
-    const seed = 11;
-    const tokens = [100, 77];
-    const res = await cuda.run(new URL('./programs/moe-device.mjs', import.meta.url), { seed, tokens });
-    const ins = inputs(seed, tokens);
-    const h = await host.dispatch(ins);
-    res.forEach((o, r) => {
-      assert.equal(o.isDevice, true);
-      const w = h[r];
-      const R = w.x.shape[0];
-      assert.equal(o.numRecv, R);
-      same(o.x, w.x.data, `program x, rank ${r}`);
-      same(o.topkIdx, w.topkIdx, `program topkIdx, rank ${r}`);
-      same(o.topkWeights, w.topkWeights, `program topkWeights, rank ${r}`);
-      same(o.srcRank, w.srcRank, `program srcRank, rank ${r}`);
-      same(o.srcToken, w.srcToken, `program srcToken, rank ${r}`);
-      assert.deepEqual(o.tokensPerExpert, w.tokensPerExpert);
-      assert.equal(o.inBuffer.numRecv, null);
-      assert.equal(o.inBuffer.rows, 2 * MOE_BUFFER.maxTokensPerRank);
-      same(o.inBuffer.x, w.x.data, `in-buffer x, rank ${r}`);
-      same(o.inBuffer.srcToken, w.srcToken, `in-buffer srcToken, rank ${r}`);
-      assert.equal(o.combineFromBufferRefused, 'EINVAL');
-      assert.ok(o.timedMs > 0);
-    });
-    const hc = await host.combine(h.map((d, r) => {
-      const ci = combineInput(seed, r, d.x.shape[0]);
-      const T = tokens[r];
-      return { x: tensor('bf16', [d.x.shape[0], hidden], ci.x), handle: d.handle, topkWeights: ci.w, bias: [tensor('bf16', [T, hidden], biasInput(seed, r, T))] };
-    }));
-    res.forEach((o, r) => {
-      same(o.combineX, hc[r].x.data, `program combine x, rank ${r}`);
-      same(o.combineW, hc[r].topkWeights, `program combine weights, rank ${r}`);
-    });
-    const hk = await host.dispatch(inputs(seed + 1, tokens).map((i, r) => ({ x: i.x, handle: h[r].handle })));
-    res.forEach((o, r) => {
-      assert.equal(o.cached.numRecv, hk[r].x.shape[0]);
-      same(o.cached.x, hk[r].x.data, `program cached x, rank ${r}`);
-      same(o.cached.topkWeights, hk[r].topkWeights, `program cached weights, rank ${r}`);
-    });
-  });
-});

@@ -8,13 +8,13 @@ import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { bytesOfTensor, pattern, requireTwoGpus } from './helpers.mjs';
+import { bytesOfTensor, needsTwoGpus, pattern, requireGpu } from './helpers.mjs';
 
 const FIXTURE = new URL('./fixtures/world-child.mjs', import.meta.url);
 const KINDS = ['gpu', 'hybrid', 'elastic'];
 const children = [];
 
-before(() => requireTwoGpus());
+before(() => requireGpu());
 after(() => {
   for (const c of children) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
 });
@@ -75,7 +75,21 @@ async function pair(backend, mode, kinds, extra = {}) {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
-describe('a cuda world of 2 processes x 1 GPU', () => {
+test('two processes naming the same GPU are refused with EINVAL naming devices (kernels of two processes would time-slice)', async () => {
+  const [a, b] = await pair('cuda', 'share', ['gpu'], { device: 0 });
+  const refused = await Promise.all([a.next('refused'), b.next('refused')]);
+  console.log(`the refusal: ${JSON.stringify(refused[0].error)}`);
+  assert.ok(refused.some((m) => m.error !== null), 'at least one process is refused');
+  for (const m of refused) {
+    if (m.error === null) continue;
+    assert.ok(['EINVAL', 'BACKEND_UNAVAILABLE', 'RANK_FAILED'].includes(m.error.code), JSON.stringify(m.error));
+  }
+  assert.ok(refused.some((m) => m.error?.code === 'EINVAL' && /devices: GPU GPU-[0-9a-f-]+ is used by this process and by ranks .*processes must not share a GPU/.test(m.error.message)),
+    JSON.stringify(refused.map((m) => m.error)));
+  await Promise.all([a.exited, b.exited]);
+});
+
+describe('a cuda world of 2 processes x 1 GPU', { skip: needsTwoGpus() }, () => {
   let cuda;
   let host;
   before(async () => {
@@ -152,7 +166,7 @@ describe('a cuda world of 2 processes x 1 GPU', () => {
   });
 });
 
-describe('faults across processes', () => {
+describe('faults across processes', { skip: needsTwoGpus() }, () => {
   for (const withCpuSync of [false, true]) test(`a process killed while its peer waits in a barrier kernel${withCpuSync ? ' (with CPU sync)' : ''}: the peer rejects with RANK_FAILED naming rank 1, long before gpuSeconds`, { timeout: 100_000 }, async () => {
     const [a, b] = await pair('cuda', 'crash', ['gpu'], { withCpuSync });
     await Promise.all([a.next('ready'), b.next('ready')]);
@@ -172,7 +186,7 @@ describe('faults across processes', () => {
     assert.equal(await a.exited, 0);
   });
 
-  test('a kernel trap in one process leaves the other process\'s GPU usable', { timeout: 100_000 }, async () => {
+  test('a device-side timeout in one process leaves the other process\'s GPU usable', { timeout: 100_000 }, async () => {
     const [a, b] = await pair('cuda', 'trap', ['gpu']);
     await Promise.all([a.next('ready'), b.next('ready')]);
     const { error } = await a.next('error');

@@ -31,7 +31,13 @@ export default async function (rank, { seed, tokens }) {
   // The zero-copy path: no CPU sync, outputs in the buffer (worst-case rows; the first R are the tokens).
   const b = await rank.dispatch({ x, topkIdx, topkWeights }, { outputsInBuffer: true });
   await rank.sync();
-  out.inBuffer = { numRecv: b.numRecv, rows: b.x.shape[0], x: host(b.x).slice(0, R * hidden), srcToken: host(b.srcToken).slice(0, R) };
+  out.inBuffer = {
+    numRecv: b.numRecv, rows: b.x.shape[0], x: host(b.x).slice(0, R * hidden), srcToken: host(b.srcToken).slice(0, R), srcRank: host(b.srcRank).slice(0, R),
+  };
+  // Every in-buffer dispatch returns the same views of the buffer (nothing allocated per call).
+  const b2 = await rank.dispatch({ x, handle: b.handle }, { outputsInBuffer: true });
+  await rank.sync();
+  out.inBuffer.sameViews = b2.x === b.x && b2.srcToken === b.srcToken && b2.topkWeights === b.topkWeights;
   let refused = '';
   try {
     await rank.combine({ x: b.x, handle: b.handle });
