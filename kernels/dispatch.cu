@@ -173,8 +173,7 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   }
   for (int e = tid; e < epr; e += nt) st.tokens_per_expert[e] = ok ? expert_cnt[e] : 0;
   if (!ok || mirror == nullptr) return;
-  __threadfence_system();
-  __syncthreads();
+  __syncthreads();  // the state above comes first: each writer below fences (cumulative over the barrier)
   if (tid < W) {
     mirror[2 * tid + 1] = uint64_t(recv_cnt[tid]);
     __threadfence_system();

@@ -25,6 +25,14 @@ void DevicePool::create(int ordinal, CUstream stream) {
 CUdeviceptr DevicePool::alloc(int64_t bytes, const char* what) {
   RF_CUDA_REQUIRE(pool_ != nullptr, "device memory pool used before it was created");
   const int64_t n = align_up(std::max<int64_t>(bytes, 1), kRegionAlignment);
+  const auto kept = free_.find(n);
+  if (kept != free_.end()) {
+    const CUdeviceptr p = kept->second;
+    free_.erase(kept);
+    pooled_bytes_ -= n;
+    live_[p] = n;
+    return p;
+  }
   CUdeviceptr p = 0;
   // In the rank's stream order: every use of a rank's device memory is on that stream (its ops, its
   // uploads and downloads), so nothing waits. While that stream is captured an allocation there would
@@ -39,9 +47,16 @@ CUdeviceptr DevicePool::alloc(int64_t bytes, const char* what) {
 void DevicePool::free(CUdeviceptr p) {
   const auto it = live_.find(p);
   RF_CUDA_REQUIRE(it != live_.end(), "free: not a live device tensor of this rank");
+  const int64_t n = it->second;
   live_.erase(it);
-  if (capturing_) deferred_.push_back(p);
-  else RF_CU(cuMemFreeAsync, p, stream_);
+  if (pooled_bytes_ + n <= (int64_t(4) << 30)) {
+    free_.emplace(n, p);
+    pooled_bytes_ += n;
+  } else if (capturing_) {
+    deferred_.push_back(p);
+  } else {
+    RF_CU(cuMemFreeAsync, p, stream_);
+  }
 }
 
 void DevicePool::end_capture() {
@@ -73,11 +88,14 @@ void DevicePool::destroy() noexcept {
   if (pool_ != nullptr) {
     for (auto& [p, n] : live_) d->cuMemFreeAsync(p, alloc_stream_);
     for (const CUdeviceptr p : deferred_) d->cuMemFreeAsync(p, alloc_stream_);
+    for (auto& [n, p] : free_) d->cuMemFreeAsync(p, alloc_stream_);
     d->cuStreamSynchronize(alloc_stream_);
     d->cuMemPoolDestroy(pool_);
   }
   live_.clear();
   deferred_.clear();
+  free_.clear();
+  pooled_bytes_ = 0;
   if (alloc_stream_ != nullptr) d->cuStreamDestroy(alloc_stream_);
   alloc_stream_ = nullptr;
   pool_ = nullptr;

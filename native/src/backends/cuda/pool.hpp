@@ -1,6 +1,8 @@
 // Device memory of one rank: a CUDA memory pool of its own, used in the order of the rank's stream
 // (cuMemAllocFromPoolAsync / cuMemFreeAsync there; during a capture, allocations go to a side stream).
-// A free comes after the work that used the memory. Neither synchronises the device: cuMemAlloc and cuMemFree may wait for every
+// A free comes after the work that used the memory. Freed blocks are kept by size (up to 4 GiB) and
+// handed out again with no driver call at all: a dispatch's per-layout state costs nothing in the
+// steady state. Reuse is safe in stream order: the next user is a later op on the same stream. Neither synchronises the device: cuMemAlloc and cuMemFree may wait for every
 // kernel of the context, and with ranks sharing a GPU (one context) that would be a peer's kernel
 // waiting for this rank, a deadlock. The pool keeps what it got (no release threshold), so that the
 // steady state allocates nothing from the driver. The rank's CUDA events live here too.
@@ -40,6 +42,8 @@ class DevicePool {
   CUmemoryPool pool_ = nullptr;
   CUstream alloc_stream_ = nullptr, stream_ = nullptr;
   std::map<CUdeviceptr, int64_t> live_;
+  std::multimap<int64_t, CUdeviceptr> free_;  // kept for reuse, by size
+  int64_t pooled_bytes_ = 0;
   std::vector<CUdeviceptr> deferred_;
   bool capturing_ = false;
   std::set<CUevent> events_;

@@ -1,0 +1,193 @@
+// The hot path (issue 16): what an operation costs through rankflow's API beside what its kernels
+// take, measured side by side in one run (node dist/bench/hot-path.js [--backend cuda|host]).
+//   cuda: a group of 1 rank and a group of 2 ranks sharing GPU 0, rank programs on device tensors
+//         (bench/programs/hot-path.ts): barriers, dispatch / combine at 128 and 4096 tokens x 7168 bf16
+//         (top-8 of 256), a captured graph of cached dispatch + combine, driver-mode barrier; beside
+//         torch on the same GPU (bench/index_select.py: index_select of the same rows, a copy, the
+//         host cost of a trivial op) when --python finds torch.
+//   host: a rank program's barrier with 2 ranks beside a bare Atomics.wait/notify ping-pong between
+//         two worker threads, and with 1 rank.
+// Prints a table with the issue's targets; writes bench/results/hot-path-<backend>-<date>.json with
+// date, commit, machine and command.
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { parseArgs } from 'node:util';
+import { Worker } from 'node:worker_threads';
+
+import { createGroup, probeCuda, sizeHint } from '../actors/index.js';
+import { PACKAGE_ROOT } from '../actors/core/config.js';
+import type { HotFigure, HotPathArgs } from './programs/hot-path.js';
+import type { OverheadFigure } from './programs/op-overhead.js';
+
+const { values: flags } = parseArgs({
+  options: {
+    backend: { type: 'string', default: 'cuda' },
+    iters: { type: 'string', default: '1000' },
+    warmup: { type: 'string', default: '50' },
+    tokens: { type: 'string', default: '128,4096' },
+    python: { type: 'string', default: process.env.RANKFLOW_TORCH_PYTHON ?? 'python3' },
+    out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
+  },
+});
+const iters = Number(flags.iters), warmup = Number(flags.warmup);
+const pct = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
+
+function commit(): string {
+  try {
+    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
+  } catch {
+    return process.env.RANKFLOW_COMMIT ?? 'unknown';
+  }
+}
+
+/** p50 µs of awaited driver-mode (main-thread) barriers. */
+async function driverBarrier(g: Awaited<ReturnType<typeof createGroup>>): Promise<number> {
+  for (let i = 0; i < warmup; i++) await g.barrier();
+  const us: number[] = [];
+  for (let i = 0; i < Math.min(iters, 500); i++) {
+    const t0 = performance.now();
+    await g.barrier();
+    us.push((performance.now() - t0) * 1e3);
+  }
+  return pct(us, 0.5);
+}
+
+async function cudaRun() {
+  const probe = probeCuda() as { available: boolean; reason?: string; gpus?: Array<{ name: string; arch: string; sms: number }>; driverVersion?: string };
+  if (!probe.available) throw new Error(`backend 'cuda' is unavailable here: ${probe.reason}`);
+  const tokens = flags.tokens!.split(',').map(Number);
+  const ep = { maxTokensPerRank: Math.max(...tokens), hidden: 7168, topk: 8, numExperts: 256 };
+  const args: HotPathArgs = { hidden: ep.hidden, topk: ep.topk, experts: ep.numExperts, tokens, iters, warmup };
+  const groups: Record<string, { figures: HotFigure[]; driverBarrierP50: number }> = {};
+  for (const ranks of [1, 2]) {
+    const g = await createGroup({ backend: 'cuda', ranks, devices: Array(ranks).fill(0), buffer: { ...ep, bytes: sizeHint(ep, ranks) } });
+    try {
+      const per = await g.run<HotFigure[]>(new URL('./programs/hot-path.js', import.meta.url), args);
+      // The slower rank of each figure: every rank waits for the slowest anyway.
+      const figures = per[0]!.map((f, i) => {
+        const all = per.map((r) => r[i]!);
+        const m = (k: keyof HotFigure) => (f[k] === undefined ? undefined : Math.max(...all.map((x) => x[k] as number)));
+        return { ...f, call_p50_us: m('call_p50_us'), call_p99_us: m('call_p99_us'), loop_us: m('loop_us'), device_us: m('device_us'), host_us: m('host_us') } as HotFigure;
+      });
+      groups[`${ranks} rank${ranks > 1 ? 's sharing GPU 0' : ''}`] = { figures, driverBarrierP50: await driverBarrier(g) };
+    } finally {
+      await g.destroy();
+    }
+  }
+  let torch: unknown = null;
+  try {
+    torch = JSON.parse(execFileSync(flags.python!, [fileURLToPath(new URL('../../bench/index_select.py', import.meta.url)), String(ep.hidden), flags.tokens!], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }));
+  } catch (e) {
+    torch = { unavailable: String((e as Error).message).split('\n')[0] };
+  }
+  return { gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, groups, torch };
+}
+
+function printCuda(r: Awaited<ReturnType<typeof cudaRun>>) {
+  const f1 = (x: number | undefined) => (x === undefined ? '-' : x.toFixed(1));
+  const torch = r.torch as { figures?: Array<{ op: string; tokens: number; device_us: number }>; trivial_op_host_us?: number } | null;
+  for (const [name, g] of Object.entries(r.groups)) {
+    console.log(`\n${name} (µs; call = awaited call + stream sync, p50/p99; loop = per call of ${iters} back to back; device = events around the launches, median)`);
+    console.log(`${'op'.padEnd(44)} ${'tokens'.padStart(6)} ${'call p50'.padStart(9)} ${'p99'.padStart(8)} ${'loop'.padStart(8)} ${'device'.padStart(8)} ${'host'.padStart(7)}`);
+    for (const f of g.figures)
+      console.log(`${f.op.padEnd(44)} ${String(f.tokens ?? '').padStart(6)} ${f1(f.call_p50_us).padStart(9)} ${f1(f.call_p99_us).padStart(8)} ${f1(f.loop_us).padStart(8)} ${f1(f.device_us).padStart(8)} ${f1(f.host_us).padStart(7)}`);
+    console.log(`${'driver-mode barrier (group.barrier)'.padEnd(44)} ${''.padStart(6)} ${f1(g.driverBarrierP50).padStart(9)}`);
+  }
+  if (torch?.figures) {
+    console.log('\ntorch on the same GPU (device µs)');
+    for (const f of torch.figures) console.log(`${f.op.padEnd(44)} ${String(f.tokens).padStart(6)} ${f.device_us.toFixed(1).padStart(9)}`);
+    console.log(`trivial torch op, host µs per call: ${torch.trivial_op_host_us?.toFixed(1)}`);
+  } else console.log(`\ntorch: ${JSON.stringify(r.torch)}`);
+  // The targets of issue 16, as ratios of this run's figures.
+  const one = r.groups['1 rank']!.figures, two = r.groups['2 ranks sharing GPU 0']!.figures;
+  const get = (fs: HotFigure[], op: string, T?: number) => fs.find((f) => f.op === op && (T === undefined || f.tokens === T));
+  const sel = torch?.figures?.find((f) => f.op.startsWith('index_select') && f.tokens === 4096);
+  const lines: Array<[string, string]> = [];
+  const check = (what: string, ok: boolean, got: string) => lines.push([what, `${ok ? 'met' : 'NOT met'}: ${got}`]);
+  check('1 rank: barrier p50 <= 10 µs', get(one, 'barrier')!.call_p50_us! <= 10, f1(get(one, 'barrier')!.call_p50_us));
+  check('1 rank: barrier with CPU sync p50 <= 15 µs', get(one, 'barrier (CPU sync)')!.call_p50_us! <= 15, f1(get(one, 'barrier (CPU sync)')!.call_p50_us));
+  for (const [fs, slack, label] of [[one, 5, '1 rank'], [two, 8, '2 ranks']] as const)
+    for (const op of ['dispatch (cached, outputs in buffer)', 'combine']) {
+      const f = get(fs, op, 128);
+      if (f) check(`${label}: ${op} 128: call p50 <= device + ${slack} µs`, f.call_p50_us! <= f.device_us! + slack, `${f1(f.call_p50_us)} vs ${f1(f.device_us)} + ${slack}`);
+    }
+  const dc = get(one, 'dispatch (cached, outputs in buffer)', 128), cb = get(one, 'combine', 128);
+  if (dc) check('1 rank: dispatch cached 128 device <= 15 µs', dc.device_us! <= 15, f1(dc.device_us));
+  if (cb) check('1 rank: combine 128 device <= 12 µs', cb.device_us! <= 12, f1(cb.device_us));
+  const d4 = get(one, 'dispatch (no CPU sync, outputs in buffer)', 4096);
+  if (d4 && sel) check('1 rank: dispatch 4096 in buffer device <= 1.3x torch index_select', d4.device_us! <= 1.3 * sel.device_us, `${f1(d4.device_us)} vs ${f1(sel.device_us)} (${(d4.device_us! / sel.device_us).toFixed(2)}x)`);
+  const gr = get(one, 'graph replay (cached dispatch + combine)', 128);
+  if (gr && dc && cb) {
+    check('1 rank: graph replay <= 1.1x the two device times', gr.device_us! <= 1.1 * (dc.device_us! + cb.device_us!), `${f1(gr.device_us)} vs ${f1(dc.device_us! + cb.device_us!)}`);
+    check('1 rank: graph replay host time <= 5 µs', gr.host_us! <= 5, f1(gr.host_us));
+  }
+  check('1 rank: driver-mode barrier p50 <= 100 µs', r.groups['1 rank']!.driverBarrierP50 <= 100, f1(r.groups['1 rank']!.driverBarrierP50));
+  check('2 ranks: barrier p50 <= 15 µs', get(two, 'barrier')!.call_p50_us! <= 15, f1(get(two, 'barrier')!.call_p50_us));
+  console.log('\ntargets (issue 16)');
+  for (const [w, v] of lines) console.log(`  ${w.padEnd(64)} ${v}`);
+  return lines;
+}
+
+/** µs per round trip of a bare Atomics.wait/notify ping-pong between two worker threads. */
+async function pingPong(n: number): Promise<number> {
+  const sab = new SharedArrayBuffer(8);
+  const code = `
+    const { workerData, parentPort } = require('node:worker_threads');
+    const w = new Int32Array(workerData.sab);
+    const me = workerData.me, n = workerData.n;
+    let t0 = 0;
+    for (let i = 0; i < n; i++) {
+      if (i === 100) t0 = performance.now();
+      if (me === 0) {
+        Atomics.store(w, 0, 2 * i + 1); Atomics.notify(w, 0);
+        while (Atomics.load(w, 1) !== 2 * i + 1) Atomics.wait(w, 1, Atomics.load(w, 1));
+      } else {
+        while (Atomics.load(w, 0) !== 2 * i + 1) Atomics.wait(w, 0, Atomics.load(w, 0));
+        Atomics.store(w, 1, 2 * i + 1); Atomics.notify(w, 1);
+      }
+    }
+    parentPort.postMessage((performance.now() - t0) * 1e3 / (n - 100));`;
+  const run = (me: number) => new Promise<number>((resolve, reject) => {
+    const wk = new Worker(code, { eval: true, workerData: { sab, me, n } });
+    wk.once('message', resolve);
+    wk.once('error', reject);
+  });
+  const [a] = await Promise.all([run(0), run(1)]);
+  return a!;
+}
+
+async function hostRun() {
+  const res: Record<string, OverheadFigure[]> = {};
+  for (const ranks of [1, 2]) {
+    const g = await createGroup({ backend: 'host', ranks, buffer: { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 2 * ranks } });
+    try {
+      const per = await g.run<OverheadFigure[]>(new URL('./programs/op-overhead.js', import.meta.url), { iters, warmup });
+      res[`${ranks} rank${ranks > 1 ? 's' : ''}`] = per[0]!.map((f, i) => ({ op: f.op, p50: Math.max(...per.map((p) => p[i]!.p50)), p99: Math.max(...per.map((p) => p[i]!.p99)), mean: Math.max(...per.map((p) => p[i]!.mean)) }));
+    } finally {
+      await g.destroy();
+    }
+  }
+  const pp = await pingPong(Math.max(iters, 2000));
+  console.log('host backend, rank program (wall µs per awaited call)');
+  for (const [name, figs] of Object.entries(res))
+    for (const f of figs) console.log(`  ${name.padEnd(8)} ${f.op.padEnd(22)} p50 ${f.p50.toFixed(1).padStart(8)}  p99 ${f.p99.toFixed(1).padStart(8)}`);
+  const b2 = res['2 ranks']!.find((f) => f.op === 'barrier')!.p50;
+  console.log(`bare Atomics.wait/notify ping-pong between two workers: ${pp.toFixed(1)} µs per round trip`);
+  console.log(`target: 2-rank barrier p50 within 3x of the ping-pong: ${b2 <= 3 * pp ? 'met' : 'NOT met'} (${(b2 / pp).toFixed(2)}x)`);
+  return { groups: res, pingPongUs: pp, ratio: b2 / pp };
+}
+
+const backend = flags.backend === 'host' ? 'host' : 'cuda';
+const result = backend === 'cuda' ? await cudaRun() : await hostRun();
+const targets = backend === 'cuda' ? printCuda(result as Awaited<ReturnType<typeof cudaRun>>) : undefined;
+const date = new Date().toISOString();
+const file = path.join(flags.out!, `hot-path-${backend}-${date.slice(0, 10)}.json`);
+mkdirSync(flags.out!, { recursive: true });
+writeFileSync(file, JSON.stringify({
+  date, commit: commit(), machine: `${os.hostname()}: ${os.cpus().length} x ${os.cpus()[0]?.model ?? 'cpu'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB`,
+  command: `node ${path.relative(PACKAGE_ROOT, process.argv[1]!)} ${process.argv.slice(2).join(' ')}`.trim(), iters, warmup, result, targets,
+}, null, 1) + '\n');
+console.log(`wrote ${file}`);

@@ -1,0 +1,123 @@
+// Rank program of bench/hot-path.ts: what one operation costs through a rank program, beside what its
+// kernels take on the device, in one run. Per op: `call` = wall µs of one awaited call followed by a
+// stream sync (p50; what a step that needs the result pays), `loop` = wall µs per call of `iters` calls
+// back to back then one sync (throughput), `device` = median µs between the CUDA events the addon
+// records around the op's launches. Plus barriers (p50 wall), a captured graph of a cached dispatch
+// and a combine (device µs per replay from events around `iters` replays, host µs per replay() call),
+// and the 4096-token dispatch with outputs in the buffer.
+import type { RankProgramHandle } from '../../actors/index.js';
+
+export interface HotPathArgs { hidden: number; topk: number; experts: number; tokens: number[]; iters: number; warmup: number }
+export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; loop_us?: number; device_us?: number; host_us?: number }
+
+const p = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
+
+function lcg(seed: number): () => number {
+  let s = seed >>> 0;
+  return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296);
+}
+
+export default async function hotPath(rank: RankProgramHandle, a: HotPathArgs): Promise<HotFigure[]> {
+  const out: HotFigure[] = [];
+  const now = () => performance.now() * 1e3;
+
+  /** p50/p99 of awaited calls (each followed by `after`), after warm-up. */
+  async function timed(fn: () => Promise<unknown>, after: () => Promise<unknown> = async () => {}): Promise<number[]> {
+    for (let i = 0; i < a.warmup; i++) await fn(), await after();
+    await rank.barrier();
+    const us: number[] = [];
+    for (let i = 0; i < a.iters; i++) {
+      const t0 = now();
+      await fn();
+      await after();
+      us.push(now() - t0);
+    }
+    return us;
+  }
+  async function loop(fn: () => Promise<unknown>): Promise<number> {
+    await rank.sync();
+    await rank.barrier();
+    const t0 = now();
+    for (let i = 0; i < a.iters; i++) await fn();
+    await rank.sync();
+    return (now() - t0) / a.iters;
+  }
+  async function device(fn: () => Promise<unknown>): Promise<number> {
+    const dev: number[] = [];
+    for (let i = 0; i < Math.min(a.iters, 200); i++) {
+      await fn();
+      dev.push(rank.lastOpDeviceMs() * 1e3);
+    }
+    return p(dev, 0.5);
+  }
+  async function op(name: string, tokens: number, fn: () => Promise<unknown>) {
+    const calls = await timed(fn, () => rank.sync());
+    out.push({ op: name, tokens, call_p50_us: p(calls, 0.5), call_p99_us: p(calls, 0.99), loop_us: await loop(fn), device_us: await device(fn) });
+  }
+
+  for (const [name, fn] of [['barrier', () => rank.barrier()], ['barrier (CPU sync)', () => rank.barrier({ withCpuSync: true })]] as const) {
+    const us = await timed(fn);
+    out.push({ op: name, call_p50_us: p(us, 0.5), call_p99_us: p(us, 0.99) });
+  }
+
+  for (const T of a.tokens) {
+    const rng = lcg(17 + rank.rank * 7919 + T);
+    const xs = new Uint16Array(T * a.hidden);
+    for (let i = 0; i < xs.length; i++) xs[i] = 0x3f80 + (i % 64);
+    const idx = new Int32Array(T * a.topk);
+    for (let t = 0; t < T; t++) {
+      const picked = new Set<number>();
+      while (picked.size < a.topk) picked.add(Math.floor(rng() * a.experts));
+      [...picked].forEach((e, k) => (idx[t * a.topk + k] = e));
+    }
+    const x = rank.tensor('bf16', [T, a.hidden], xs);
+    const topkIdx = rank.tensor('int32', [T, a.topk], idx);
+    const topkWeights = rank.tensor('fp32', [T, a.topk], new Float32Array(T * a.topk).fill(1 / a.topk));
+    let d0 = await rank.dispatch({ x, topkIdx, topkWeights });
+    const R = d0.numRecv!;
+    // A fresh handle (same routing) before each op: a rank keeps the last 256 dispatches' handles.
+    const fresh = async () => {
+      d0.free();
+      d0 = await rank.dispatch({ x, topkIdx, topkWeights });
+    };
+    const cx = rank.tensor('bf16', [R, a.hidden]);
+    await op('dispatch (no CPU sync, outputs in buffer)', T, () => rank.dispatch({ x, topkIdx, topkWeights }, { outputsInBuffer: true }));
+    await fresh();
+    await op('dispatch (cached, outputs in buffer)', T, () => rank.dispatch({ x, handle: d0.handle }, { outputsInBuffer: true }));
+    await op('dispatch (CPU sync, outputs allocated)', T, async () => (await rank.dispatch({ x, topkIdx, topkWeights })).free());
+    await fresh();
+    await op('combine', T, async () => {
+      const c = await rank.combine({ x: cx, handle: d0.handle });
+      c.x.free();
+      c.topkWeights.free();
+    });
+    await fresh();
+    if (T <= 512) {
+      // A decode step's pair as one graph: cached dispatch (outputs in the buffer) and a combine.
+      const g = await rank.capture(async () => {
+        const k = await rank.dispatch({ x, handle: d0.handle }, { outputsInBuffer: true });
+        await rank.combine({ x: cx, handle: k.handle });
+      });
+      for (let i = 0; i < a.warmup; i++) await g.replay();
+      await rank.sync();
+      await rank.barrier();
+      const ms = await rank.timeIt(() => g.replay(), a.iters);
+      await rank.sync();
+      await rank.barrier();
+      let host = 0;
+      for (let i = 0; i < a.iters; i++) {
+        const t0 = now();
+        await g.replay();
+        host += now() - t0;
+        if (i % 16 === 15) await rank.sync();  // keep the queue short
+      }
+      await rank.sync();
+      out.push({ op: 'graph replay (cached dispatch + combine)', tokens: T, device_us: ms * 1e3, host_us: host / a.iters });
+      g.free();
+    }
+    d0.free();
+    for (const t of [x, topkIdx, topkWeights, cx]) t.free();
+    await rank.barrier();
+  }
+  return out;
+}
