@@ -27,6 +27,7 @@ import { rankMachine, type FailureInfo } from '../machines/index.js';
 import { describeMachine } from './observe/machine-graph.js';
 import { attachInspector, inspectorAddress, type InspectorHandle } from './observe/inspector.js';
 import type { GroupObserver } from './observe/timeline.js';
+import { TransitionDecoder } from '../workers/transition-log.js';
 import { HandleRegistry } from './core/handles.js';
 import type { CombineResult, DispatchResult } from './core/types.js';
 import type { RankWorkerApi } from '../workers/rank.js';
@@ -289,13 +290,7 @@ export class Group extends EventEmitter<GroupEvents> {
     const handle = this.ranks[local]!;
     const rank = handle.rank;
     worker.on('message', (m: unknown) => {
-      if (!isWorkerMessage(m)) return;
-      if (m.kind === 'started') {
-        const member = this.members[local];
-        if (member) member.abortWords = new Int32Array(member.abort, m.abortOffset, ABORT.words + ABORT.maxReason / 4);
-        return;
-      }
-      this.onWorkerMessage(m);
+      if (isWorkerMessage(m)) this.onWorkerMessage(m, local);
     });
     const untilGone: Cuts = new Set();
     const untilFailed: Cuts = new Set();
@@ -318,10 +313,20 @@ export class Group extends EventEmitter<GroupEvents> {
     return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed };
   }
 
-  private onWorkerMessage(m: WorkerMessage): void {
-    if (m.kind === 'transition') this.onTransition(m.transition);
+  private readonly decoders = new Map<number, TransitionDecoder>();
+  private readonly onDecoded = (t: TransitionEvent) => this.onTransition(t);
+
+  private onWorkerMessage(m: WorkerMessage, local: number): void {
+    if (m.kind === 'started') {
+      const member = this.members[local];
+      if (member) member.abortWords = new Int32Array(member.abort, m.abortOffset, ABORT.words + ABORT.maxReason / 4);
+    } else if (m.kind === 'transitions') {
+      let d = this.decoders.get(m.rank);
+      if (!d) this.decoders.set(m.rank, (d = new TransitionDecoder()));
+      d.decode(m, this.onDecoded);
+    } else if (m.kind === 'transition') this.onTransition(m.transition);
     else if (m.kind === 'inspect') this.emit('inspect', m.record);
-    else if (m.kind === 'batch') for (const inner of m.messages) this.onWorkerMessage(inner);
+    else if (m.kind === 'batch') for (const inner of m.messages) this.onWorkerMessage(inner, local);
   }
 
   private onTransition(t: TransitionEvent): void {

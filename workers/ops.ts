@@ -3,7 +3,7 @@
 // its results made into tensors. Driver mode (comlink) and rank programs (workers/program.ts) both
 // come through here; inputs are checked before (on the main thread, or by the program handle).
 import {
-  DISPATCH_DEVICE_ALLOC, DISPATCH_HOST, DISPATCH_IN_BUFFER, DISPATCH_PENDING, SCRATCH, loadAddon,
+  DISPATCH_DEVICE_ALLOC, DISPATCH_HOST, DISPATCH_IN_BUFFER, DISPATCH_PENDING, SCRATCH, loadAddon, type TensorArg,
   type NativeContext, type NativeDispatchOutputs,
 } from '../actors/core/addon.js';
 import { DeviceTensor } from '../actors/core/device-tensor.js';
@@ -41,8 +41,15 @@ export class RankOps {
   }
 
   barrier(withCpuSync: boolean): void {
-    if (withCpuSync) this.run(EVENTS.barrierCpuSync, () => this.native.barrier(true), PHASES.barrierCpuSync);
-    else this.run(EVENTS.barrier, () => this.native.barrier(false), PHASES.barrier);
+    if (this.capturing) return this.native.barrier(withCpuSync);
+    const r = this.runner;
+    r.enter(withCpuSync ? EVENTS.barrierCpuSync : EVENTS.barrier);
+    try {
+      this.native.barrier(withCpuSync);
+    } catch (e) {
+      r.fail(e);
+    }
+    r.done(withCpuSync ? PHASES.barrierCpuSync : PHASES.barrier);
   }
 
   /** Host tensors in and out; device tensors (cuda rank programs) in, a device tensor out. */
@@ -84,31 +91,33 @@ export class RankOps {
   }
 
   // A dispatch whose CPU-sync wait outlasts its spin comes back PENDING: the machine shows the wait
-  // (dispatching.cpuSync) and the resume blocks for it.
-  private dispatchCall<R>(start: () => R | number, phases: readonly string[]): R {
-    if (this.capturing) return start() as R;
-    this.runner.enter(EVENTS.dispatch);
-    let out: R | number;
+  // (dispatching.cpuSync) and the resume blocks for it. One native call otherwise; no closure.
+  private dispatchCall(x: TensorArg, scales: TensorArg, idx: TensorArg, w: TensorArg, T: number, elem: number, align: number,
+    handle: number, numSms: number, mode: number, phases: readonly string[]): NativeDispatchOutputs | undefined {
+    const n = this.native;
+    if (this.capturing) return n.dispatch(x, scales, idx, w, T, elem, align, handle, numSms, mode) as NativeDispatchOutputs | undefined;
+    const r = this.runner;
+    r.enter(EVENTS.dispatch);
+    let out: NativeDispatchOutputs | number | undefined;
     try {
-      out = start();
+      out = n.dispatch(x, scales, idx, w, T, elem, align, handle, numSms, mode) as NativeDispatchOutputs | number | undefined;
       if (out === DISPATCH_PENDING) {
-        this.runner.waiting();
-        out = this.native.dispatchResume() as R;
+        r.waiting();
+        out = n.dispatchResume() as NativeDispatchOutputs | undefined;
       }
     } catch (e) {
-      this.runner.fail(e);
+      r.fail(e);
     }
-    this.runner.done(phases);
-    return out as R;
+    r.done(phases);
+    return out as NativeDispatchOutputs | undefined;
   }
 
   dispatch(d: DispatchInput): DispatchResult {
     const { hidden } = this.init.buffer;
     const T = d.x.shape[0]!;
     const fp8 = d.x.dtype === 'fp8e4m3';
-    const out = this.dispatchCall(() => this.native.dispatch(
-      d.x.data, d.scales?.data, d.topkIdx, d.topkWeights, T, ELEMENT_BYTES[d.x.dtype], d.expertAlignment ?? 1,
-      d.handle?.id ?? 0, 0, DISPATCH_HOST) as NativeDispatchOutputs | number, d.handle ? PHASES.dispatchCached : PHASES.dispatch) as NativeDispatchOutputs;
+    const out = this.dispatchCall(d.x.data, d.scales?.data, d.topkIdx, d.topkWeights, T, ELEMENT_BYTES[d.x.dtype], d.expertAlignment ?? 1,
+      d.handle?.id ?? 0, 0, DISPATCH_HOST, d.handle ? PHASES.dispatchCached : PHASES.dispatch)!;
     const R = this.f64[SCRATCH.numRecv]!;
     return {
       x: tensor(d.x.dtype, [R, hidden], out.x as never),
@@ -155,9 +164,8 @@ export class RankOps {
     const T = d.x.shape[0]!;
     const fp8 = d.x.dtype === 'fp8e4m3';
     const phases = d.handle ? PHASES.dispatchCached : inBuffer ? PHASES.dispatchNoSync : PHASES.dispatch;
-    this.dispatchCall(() => this.native.dispatch(
-      d.x.ptr, d.scales?.ptr, d.topkIdx?.ptr, d.topkWeights?.ptr, T, ELEMENT_BYTES[d.x.dtype], d.expertAlignment ?? 1,
-      d.handle?.id ?? 0, opts.numSms ?? 0, inBuffer ? DISPATCH_IN_BUFFER : DISPATCH_DEVICE_ALLOC) as number | undefined, phases);
+    this.dispatchCall(d.x.ptr, d.scales?.ptr, d.topkIdx?.ptr, d.topkWeights?.ptr, T, ELEMENT_BYTES[d.x.dtype], d.expertAlignment ?? 1,
+      d.handle?.id ?? 0, opts.numSms ?? 0, inBuffer ? DISPATCH_IN_BUFFER : DISPATCH_DEVICE_ALLOC, phases);
     const numRecv = this.f64[SCRATCH.numRecv]!;
     const known = numRecv >= 0;
     const handle = this.handleOf(this.f64[SCRATCH.layoutId]!, T, known ? numRecv : -1);
@@ -191,8 +199,18 @@ export class RankOps {
     const capturing = this.capturing;
     const { hidden, topk } = this.init.buffer;
     const T = c.handle.numTokens;
-    this.run(EVENTS.combine, () => this.native.combine(
-      c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, 0n, 0n, c.x.shape[0]!));
+    const n = this.native;
+    if (capturing) n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, 0n, 0n, c.x.shape[0]!);
+    else {
+      const r = this.runner;
+      r.enter(EVENTS.combine);
+      try {
+        n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, 0n, 0n, c.x.shape[0]!);
+      } catch (e) {
+        r.fail(e);
+      }
+      r.done();
+    }
     // Outputs allocated while a graph is captured belong to the graph (every replay writes them).
     return {
       x: new DeviceTensor(this.native, 'bf16', [T, hidden], this.u64[SCRATCH.addresses + 6]!, !capturing),

@@ -67,13 +67,14 @@ export function programHandle(ops: RankOps) {
       <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> & DeviceTensor<D>;
     },
     hostTensor: tensor,
-    /** the sequence number of this rank's last collective (a graph replay takes one per captured op) */
+    /** the sequence number of this rank's last collective, as its transitions carry it (a graph replay takes one per captured op) */
     get seq(): number {
-      return native.info().seq as number;
+      return ops.runner.seq();
     },
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare) */
     info: () => native.info(),
-    async barrier(opts: { withCpuSync?: boolean } = {}) {
+    async barrier(opts?: { withCpuSync?: boolean }) {
+      if (opts === undefined) return ops.barrier(false);
       if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { withCpuSync? }');
       if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
       ops.barrier(opts.withCpuSync ?? false);

@@ -45,6 +45,8 @@ export interface TransitionEvent {
 export type WorkerMessage =
   | { kind: 'started'; rank: number; abortOffset: number }
   | { kind: 'transition'; transition: TransitionEvent }
+  /** transitions encoded by workers/transition-log.ts (names: additions to the rank's name table) */
+  | { kind: 'transitions'; rank: number; names: string[]; data: Float64Array }
   | { kind: 'inspect'; record: Record<string, unknown> }
   /** several of the above, in order: the worker batches what it reports within a millisecond */
   | { kind: 'batch'; messages: WorkerMessage[] };

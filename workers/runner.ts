@@ -1,12 +1,14 @@
 // The runner of one rank inside its worker: it owns the rank's xstate actor and the outbox of reports
 // to the main thread, and runs every operation the same way: the op's event into the machine (which
 // may refuse it: STATE), the one synchronous native call, then DONE or FAILED out of it. Transitions
-// are recorded here (the runner knows the event that caused each) and posted in batches.
-import { createActor, type InspectionEvent } from 'xstate';
+// are recorded here (the runner knows the event that caused each), as numbers on the hot path
+// (transition-log.ts), and posted in batches.
+import { createActor, type Actor, type InspectionEvent, type StateValue } from 'xstate';
 
-import { rankMachine, statePath, type FailureInfo, type RankEvent } from '../machines/index.js';
+import { rankMachine, statePath, type FailureInfo, type OpName, type RankEvent } from '../machines/index.js';
 import { RankflowError } from '../actors/core/errors.js';
 import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
+import { TransitionLog } from './transition-log.js';
 
 const now = (): number => performance.timeOrigin + performance.now();
 
@@ -57,23 +59,69 @@ export const failureOf = (e: RankflowError): FailureInfo => ({
   ...(e.state !== undefined ? { state: e.state } : {}),
 });
 
+/**
+ * What one hot event does from one state, learnt from the machine the first time it happens there:
+ * the target, how the context's seq moves (a replay by its ops) and the op it then serves.
+ */
+interface Step {
+  to: string;
+  toValue: StateValue;
+  toId: number;
+  seq: number | 'ops';
+  op: OpName | null;
+  opId: number;
+}
+
+/** Events whose steps depend only on the state (no guard, no error): they may take the memoised path. */
+const HOT = new Set<string>([
+  'BARRIER', 'ALL_GATHER', 'DISPATCH', 'COMBINE', 'WAITING', 'DONE', 'REPLAY', 'ENGRAM_WRITE', 'ENGRAM_FETCH',
+  'PP_EXCHANGE', 'SESSION_ALL_GATHER', 'SESSION_REDUCE_SCATTER',
+]);
+
+/**
+ * The machine's decisions at the cost of two map lookups. An xstate send costs ~5 us (two per op: a
+ * barrier's whole budget), so each hot (state, event) pair is sent to the actor once, and what the
+ * machine did is memoised as a Step and replayed by the runner from then on, with the context's seq
+ * and op kept here. The actor is brought up to date (a snapshot resolved from the state and context
+ * here) before any other event: a refusal, a failure, a peer's failure, the lifecycle. With `inspect`
+ * every event goes to the actor, so the inspection stream has them all.
+ */
 export class RankRunner {
-  private readonly actor;
+  private actor: Actor<typeof rankMachine>;
+  private readonly input;
+  private stale = false;
+  private readonly steps = new Map<string, Map<string, Step>>();
+  // The rank's state as the machine left it (kept here between actor updates).
   private path = 'init';
+  private value: StateValue = 'init';
+  private pathId: number;
+  private seqNow = 0;
+  private op: OpName | null = null;
+  private readonly log: TransitionLog;
   private readonly outbox: WorkerMessage[] = [];
   private timer: ReturnType<typeof setTimeout> | undefined;
+  private readonly flushSoon = () => this.flush();
 
   constructor(
     readonly rank: number,
     timeouts: { cpuSeconds: number; gpuSeconds: number },
     private readonly port: { postMessage(m: unknown): void },
-    inspect: boolean,
+    private readonly inspect: boolean,
   ) {
-    this.actor = createActor(rankMachine, {
-      input: { rank, ...timeouts },
-      ...(inspect ? { inspect: (rec: InspectionEvent) => this.post({ kind: 'inspect', record: this.plainInspection(rec) }) } : {}),
+    this.input = { rank, ...timeouts };
+    this.log = new TransitionLog(rank);
+    this.pathId = this.log.id('init');
+    this.actor = this.makeActor();
+  }
+
+  private makeActor(snapshot?: ReturnType<typeof rankMachine.resolveState>): Actor<typeof rankMachine> {
+    const a = createActor(rankMachine, {
+      input: this.input,
+      ...(snapshot ? { snapshot } : {}),
+      ...(this.inspect ? { inspect: (rec: InspectionEvent) => this.post({ kind: 'inspect', record: this.plainInspection(rec) }) } : {}),
     });
-    this.actor.start();
+    a.start();
+    return a;
   }
 
   /** The rank's state, as a dotted path. */
@@ -81,7 +129,7 @@ export class RankRunner {
     return this.path;
   }
   seq(): number {
-    return this.actor.getSnapshot().context.seq;
+    return this.seqNow;
   }
 
   /**
@@ -108,13 +156,11 @@ export class RankRunner {
 
   /** Moves the machine into `event`'s state, or throws why it cannot. */
   enter(event: RankEvent): void {
-    const before = this.actor.getSnapshot();
-    if (before.value === 'failed' && before.context.error && event.type !== 'DESTROY') {
-      const e = before.context.error;
-      throw new RankflowError(e.code as never, e.message, { rank: e.rank, state: 'failed', phase: e.phase });
+    if (this.path === 'failed' && event.type !== 'DESTROY') {
+      const e = this.actorNow().getSnapshot().context.error;
+      if (e) throw new RankflowError(e.code as never, e.message, { rank: e.rank, state: 'failed', phase: e.phase });
     }
-    this.send(event);
-    if (this.actor.getSnapshot() === before)
+    if (!this.send(event))
       throw new RankflowError('STATE', `rank ${this.rank} is in state '${this.path}' and cannot take ${event.type}`, { rank: this.rank, state: this.path });
   }
 
@@ -132,42 +178,101 @@ export class RankRunner {
   }
 
   peerFailed(error: FailureInfo): void {
-    if (this.actor.getSnapshot().status === 'active') this.send({ type: 'PEER_FAILED', error });
+    if (this.actorNow().getSnapshot().status === 'active') this.send({ type: 'PEER_FAILED', error });
   }
 
   stop(): void {
     this.actor.stop();
   }
 
-  private send(event: RankEvent): void {
-    this.actor.send(event);
-    const snap = this.actor.getSnapshot();
+  /** The actor, brought up to the state and context the memoised steps left. */
+  private actorNow(): Actor<typeof rankMachine> {
+    if (this.stale) {
+      const ctx = this.actor.getSnapshot().context;
+      this.actor.stop();
+      this.actor = this.makeActor(rankMachine.resolveState({ value: this.value, context: { ...ctx, seq: this.seqNow, op: this.op } }));
+      this.stale = false;
+    }
+    return this.actor;
+  }
+
+  /** One event into the machine; false when the machine did not take it. */
+  private send(event: RankEvent): boolean {
+    const step = this.inspect ? undefined : this.steps.get(this.path)?.get(event.type);
+    if (step) {
+      const fromId = this.pathId;
+      this.path = step.to;
+      this.value = step.toValue;
+      this.pathId = step.toId;
+      this.seqNow += step.seq === 'ops' ? (event as { ops: number }).ops : step.seq;
+      this.op = step.op;
+      this.stale = true;
+      const phases = (event as { phases?: readonly string[] }).phases;
+      this.record(fromId, this.pathId, this.log.id(event.type), step.opId, phases ? this.log.phases(phases) : -1);
+      return true;
+    }
+    const actor = this.actorNow();
+    const before = actor.getSnapshot();
+    actor.send(event);
+    const snap = actor.getSnapshot();
+    if (snap === before) return false;
     const to = statePath(snap.value);
-    if (to === this.path) return;
-    const from = this.path;
-    this.path = to;
     const c = snap.context;
+    if (HOT.has(event.type) && c.error === before.context.error && to !== this.path) this.learn(event, before.context.seq, snap, to);
+    const from = this.path;
+    const fromId = this.pathId;
+    this.path = to;
+    this.value = snap.value;
+    this.pathId = this.log.id(to);
+    this.seqNow = c.seq;
+    this.op = c.op;
+    if (to === from) return true;
     const phases = (event as { phases?: readonly string[] }).phases;
-    this.post({
-      kind: 'transition',
-      transition: {
-        rank: this.rank, from, to, event: event.type, at: now(), seq: c.seq,
-        ...(c.op ? { op: c.op } : event.type === 'DONE' || event.type === 'FAILED' ? { op: opOf(from) } : {}),
-        ...(phases ? { phases } : {}),
-        ...(to === 'failed' && c.error ? { phase: c.error.phase ?? c.error.state, error: c.error } : {}),
-      },
-    });
+    if (to === 'failed' && c.error) {
+      this.post({
+        kind: 'transition',
+        transition: {
+          rank: this.rank, from, to, event: event.type, at: now(), seq: c.seq,
+          ...(c.op ? { op: c.op } : event.type === 'FAILED' ? { op: opOf(from) } : {}),
+          phase: c.error.phase ?? c.error.state, error: c.error,
+        },
+      });
+      return true;
+    }
+    const op = c.op ?? (event.type === 'DONE' || event.type === 'FAILED' ? opOf(from) : undefined);
+    this.record(fromId, this.pathId, this.log.id(event.type), op ? this.log.id(op) : -1, phases ? this.log.phases(phases) : -1);
+    return true;
+  }
+
+  /** Remembers what the machine did with a hot event here, to replay it next time without the actor. */
+  private learn(event: RankEvent, seqBefore: number, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
+    const delta = snap.context.seq - seqBefore;
+    const seq = event.type === 'REPLAY' ? (delta === (event as { ops: number }).ops ? 'ops' : null) : delta;
+    if (seq === null) return;
+    const op = snap.context.op ?? (event.type === 'DONE' ? opOf(this.path) ?? null : null);
+    let here = this.steps.get(this.path);
+    if (!here) this.steps.set(this.path, (here = new Map()));
+    here.set(event.type, { to, toValue: snap.value, toId: this.log.id(to), seq, op: snap.context.op, opId: op ? this.log.id(op) : -1 });
+  }
+
+  private record(from: number, to: number, event: number, op: number, phases: number): void {
+    this.log.push(from, to, event, now(), this.seqNow, op, phases);
+    this.timer ??= setTimeout(this.flushSoon, REPORT_BATCH_MS);
   }
 
   /** Reports are batched for up to REPORT_BATCH_MS; a comlink reply flushes first (rank.ts). */
   post(m: WorkerMessage): void {
+    const t = this.log.take();
+    if (t) this.outbox.push(t);
     this.outbox.push(m);
-    this.timer ??= setTimeout(() => this.flush(), REPORT_BATCH_MS);
+    this.timer ??= setTimeout(this.flushSoon, REPORT_BATCH_MS);
   }
 
   flush(): void {
     if (this.timer !== undefined) clearTimeout(this.timer);
     this.timer = undefined;
+    const t = this.log.take();
+    if (t) this.outbox.push(t);
     if (this.outbox.length === 0) return;
     const batch = this.outbox.splice(0);
     this.port.postMessage(batch.length === 1 ? batch[0] : { kind: 'batch', messages: batch });

@@ -51,7 +51,7 @@ export interface NativeDispatchOutputs {
   srcToken: Int32Array;
 }
 
-type TensorArg = ArrayBufferView | bigint | undefined;
+export type TensorArg = ArrayBufferView | bigint | undefined;
 
 /** One rank's native context (native/src/binding/context.cc). Every operation is synchronous. */
 export interface NativeContext {

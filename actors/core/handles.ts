@@ -8,14 +8,12 @@ import type { DispatchHandle } from './validate.js';
 export const MAX_LIVE_HANDLES = 256;
 
 export class HandleRegistry {
-  /** least recently used first */
-  private readonly order: DispatchHandle[] = [];
-  private readonly live = new WeakSet<object>();
+  /** live handles, least recently used first (a Map keeps insertion order) */
+  private readonly live = new Map<object, true>();
 
   add(h: DispatchHandle): void {
-    this.live.add(h);
-    this.order.push(h);
-    if (this.order.length > MAX_LIVE_HANDLES) this.live.delete(this.order.shift()!);
+    this.live.set(h, true);
+    if (this.live.size > MAX_LIVE_HANDLES) this.live.delete(this.live.keys().next().value!);
   }
 
   has(h: unknown): boolean {
@@ -24,10 +22,6 @@ export class HandleRegistry {
 
   /** A use: the handle becomes the most recently used. */
   touch(h: DispatchHandle): void {
-    const i = this.order.lastIndexOf(h);
-    if (i >= 0 && i !== this.order.length - 1) {
-      this.order.splice(i, 1);
-      this.order.push(h);
-    }
+    if (this.live.delete(h)) this.live.set(h, true);
   }
 }
