@@ -34,6 +34,8 @@ const { values: flags } = parseArgs({
 });
 
 function commit(): string {
+  // A copy of the tree on another machine may carry a stale .git: the caller's word comes first.
+  if (process.env.RANKFLOW_COMMIT) return process.env.RANKFLOW_COMMIT;
   try {
     return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
   } catch {

@@ -50,6 +50,8 @@ const gbps = (bytes: number, ms: number): number => bytes / (ms * 1e-3) / 1e9;
 const mean = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;
 
 function commit(): string {
+  // A copy of the tree on another machine may carry a stale .git: the caller's word comes first.
+  if (process.env.RANKFLOW_COMMIT) return process.env.RANKFLOW_COMMIT;
   try {
     return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
   } catch {

@@ -36,6 +36,8 @@ const iters = Number(flags.iters), warmup = Number(flags.warmup);
 const pct = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
 
 function commit(): string {
+  // A copy of the tree on another machine may carry a stale .git: the caller's word comes first.
+  if (process.env.RANKFLOW_COMMIT) return process.env.RANKFLOW_COMMIT;
   try {
     return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
   } catch {
