@@ -4,7 +4,7 @@
 // stand-in for the rank's native memory. The GPU side is test/gpu/interop.test.mjs.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { createGroup, DeviceTensor, type Group } from '../actors/index.js';
+import { createGroup, DeviceTensor, RankflowError, type Group } from '../actors/index.js';
 import { externalTensor, type ExternalMemory } from '../actors/core/device-tensor.js';
 
 describe('interop methods on host', () => {
@@ -84,8 +84,15 @@ describe('wrapDevice checks (externalTensor)', () => {
     expect(() => externalTensor(mem, ptr, 'bf16', [2], null as never)).toThrow(/^options: must be \{ owner\? \}/);
   });
 
-  it("passes on the native side's refusal", () => {
+  it("passes on the native side's refusal as a RankflowError", () => {
     const { mem } = fakeMemory('wrapDevice: ptr 0x7f0000000100 is memory of GPU 1; this rank runs on GPU 0');
-    expect(() => externalTensor(mem, ptr, 'bf16', [1])).toThrow(/is memory of GPU 1/);
+    let error: unknown;
+    try {
+      externalTensor(mem, ptr, 'bf16', [1]);
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(RankflowError);
+    expect(error).toMatchObject({ code: 'EINVAL', message: 'wrapDevice: ptr 0x7f0000000100 is memory of GPU 1; this rank runs on GPU 0' });
   });
 });

@@ -8,18 +8,27 @@ import { externalTensor, type DeviceTensor } from '../actors/core/device-tensor.
 import type { DType } from '../actors/core/tensor.js';
 import type { RankOps } from './ops.js';
 
+/** A native call whose errors (plain objects with a code) come out as RankflowErrors. */
+function rankflowErrors<T>(call: () => T): T {
+  try {
+    return call();
+  } catch (e) {
+    throw RankflowError.from(e);
+  }
+}
+
 export function interopMethods(ops: RankOps, needCuda: (what: string) => void) {
   const native = ops.native;
   return {
     /** cuda: the rank's CUstream (a non-blocking stream) as an address: queue work on it to run in order with the rank's ops */
     cudaStream(): bigint {
       needCuda('cudaStream');
-      return native.cudaStream();
+      return rankflowErrors(() => native.cudaStream());
     },
     /** cuda: the rank's CUcontext (the primary context of its GPU, current on the rank's thread) as an address */
     cudaContext(): bigint {
       needCuda('cudaContext');
-      return native.cudaContext();
+      return rankflowErrors(() => native.cudaContext());
     },
     /**
      * cuda: a device tensor over the application's memory at `ptr` (device memory of this rank's GPU,
@@ -38,7 +47,7 @@ export function interopMethods(ops: RankOps, needCuda: (what: string) => void) {
       needCuda('waitEvent');
       if (typeof event !== 'bigint' || event <= 0n || event >= 1n << 64n) throw invalid('event', 'must be a CUevent address as a BigInt in (0, 2^64)');
       if (ops.capturing) throw new RankflowError('STATE', 'waitEvent inside rank.capture(): a graph cannot wait for an event recorded outside it');
-      native.eventWait(event);
+      rankflowErrors(() => native.eventWait(event));
     },
   };
 }

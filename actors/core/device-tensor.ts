@@ -103,6 +103,10 @@ export function externalTensor<D extends DType>(mem: ExternalMemory, ptr: unknow
   if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid('shape', 'must be a list of non-negative integers');
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { owner? }');
   const bytes = numel(shape) * ELEMENT_BYTES[dtype];
-  mem.deviceCheck(ptr, bytes);
+  try {
+    mem.deviceCheck(ptr, bytes);
+  } catch (e) {
+    throw RankflowError.from(e);
+  }
   return new DeviceTensor(mem, dtype, shape, ptr, false, opts?.owner);
 }

@@ -58,9 +58,11 @@ void CudaBackend::check_device_memory(uint64_t ptr, int64_t bytes) {
     RF_CHECK(type == CU_MEMORYTYPE_DEVICE, "EINVAL",
              "wrapDevice: " + where + " is not device memory (memory type " + std::to_string(type) +
                  "); host memory goes through rank.hostTensor");
-    int mapped = 0;
+    // Reserved address space with nothing mapped there (cuMemAddressReserve); a driver that cannot
+    // say is not taken for a refusal.
+    int mapped = 1;
     r = d.cuPointerGetAttribute(&mapped, CU_POINTER_ATTRIBUTE_MAPPED, CUdeviceptr(at));
-    RF_CHECK(r == CUDA_SUCCESS && mapped != 0, "EINVAL", "wrapDevice: " + where + " is not mapped to memory");
+    RF_CHECK(r != CUDA_SUCCESS || mapped != 0, "EINVAL", "wrapDevice: " + where + " is not mapped to memory");
     int ordinal = -1;
     r = d.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, CUdeviceptr(at));
     RF_CHECK(r == CUDA_SUCCESS, "EINVAL", "wrapDevice: the GPU of " + where + " is unknown (" + error_name(r) + ")");
