@@ -1,5 +1,5 @@
 // Device-resident tensors of cuda rank programs (`rank.tensor(...)` on backend 'cuda'): memory on the
-// rank's GPU (cuMemAlloc on its context, through the rank's executor thread), freed with `free()` or
+// rank's GPU (its device pool, in the order of the rank's stream, on the rank's thread), freed with `free()` or
 // when the group is destroyed; `toHost()` copies it back after the rank's queued work. Also device
 // memory of the application's own (`rank.wrapDevice`): never freed here, its owner kept until free().
 import { invalid, RankflowError } from './errors.js';

@@ -47,6 +47,7 @@ export default async function (rank, { seed, tokens, addonPath }) {
   // B: on the addon's stream, after A (an event on the rank's stream), into the addon's memory.
   const mine = addon.createStream();
   const buf = new addon.DeviceBuffer(R * hidden * 2, mine);
+  addon.syncStream(mine);  // the stream-ordered allocation done: any stream may use it
   const afterA = rank.recordEvent();
   addon.streamWaitEvent(mine, afterA);
   addon.scaleRows(buf.ptr, d.x.ptr, fB.ptr, R, hidden, mine, DELAY_NS);
