@@ -23,12 +23,14 @@ describe('the tarball', () => {
         files = (JSON.parse(stdout) as Array<{ files: Array<{ path: string }> }>)[0]!.files.map((f) => f.path);
     }, 60_000);
 
-    test('ships what a user runs: the compiled package, the CLI and its bench, the addon sources, the license', () => {
+    test('ships what a user runs: the compiled package, the CLI and its bench, the addon sources, the docs, the examples, the license', () => {
         for (const file of [
             'package.json', 'README.md', 'LICENSE', 'bin/rankflow.js',
             'dist/actors/index.js', 'dist/actors/index.d.ts', 'dist/actors/cli/main.js', 'dist/machines/index.js',
             'dist/workers/rank.js', 'dist/bench/host.js', 'dist/bench/gpu.js', 'dist/bench/programs/moe-loop.js',
-            'native/CMakeLists.txt', 'kernels/kernels.cmake', 'kernels/dispatch.cu'
+            'native/CMakeLists.txt', 'kernels/kernels.cmake', 'kernels/dispatch.cu',
+            'docs/api.md', 'docs/inspector.md', 'docs/timeline-sample.png', 'examples/moe-step.mjs',
+            'examples/interop-addon/CMakeLists.txt', 'examples/interop-addon/src/scale.cu'
         ]) {
             expect(files).toContain(file);
         }

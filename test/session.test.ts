@@ -5,7 +5,7 @@
  * of turn are refused with STATE, limits with EINVAL, and a rank that never joins times out.
  */
 import { describe, expect, test } from 'vitest';
-import { createGroup, tensor, type RankflowError, type Tensor } from '../actors/index.js';
+import { createGroup, sessionSizeHint, tensor, type RankflowError, type Tensor } from '../actors/index.js';
 import { program, recordTransitions, withGroup } from './helpers/group.js';
 import { prng } from './helpers/moe-reference.js';
 import { randomTensor, referenceAllGather, referenceReduceScatter } from './helpers/agrs-reference.js';
@@ -170,5 +170,37 @@ describe('AGRS session: refusals', () => {
         } finally {
             await g.destroy();
         }
+    });
+});
+
+describe('sessionSizeHint', () => {
+    // 1 MiB + 128 bytes per rank on 2 ranks: each collective needs just over 2 MiB of the buffer.
+    const maxBytes = (1 << 20) + 128;
+    const parts = (rng: () => number) => [0, 1].map(() => randomTensor(rng, 'int32', [maxBytes / 4]));
+
+    test('gives a buffer.bytes whose group opens the session and runs maxAllGathers collectives of maxBytes', async () => {
+        const bytes = sessionSizeHint({ maxBytes, maxAllGathers: 2, numExperts: buffer.numExperts }, 2);
+        expect(bytes % (1 << 21)).toBe(0);
+        await withGroup({ ranks: 2, buffer: { ...buffer, bytes } }, async (g) => {
+            const s = await g.openSession({ maxBytes, maxAllGathers: 2 });
+            const rng = prng(3);
+            const a = parts(rng), b = parts(rng);
+            expect((await s.allGather(a))[0]).toEqual(referenceAllGather(a));
+            expect((await s.allGather(b))[1]).toEqual(referenceAllGather(b));
+            await s.close();
+        });
+    });
+
+    test('2 MiB less is too little: openSession is EINVAL naming maxBytes', async () => {
+        const bytes = sessionSizeHint({ maxBytes, maxAllGathers: 1, numExperts: buffer.numExperts }, 2) - (1 << 21);
+        await withGroup({ ranks: 2, buffer: { ...buffer, bytes } }, async (g) => {
+            await expect(g.openSession({ maxBytes, maxAllGathers: 1 })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^maxBytes: /) });
+        });
+    });
+
+    test('refuses bad sizes with EINVAL naming them', () => {
+        expect(() => sessionSizeHint({ maxBytes: 0, maxAllGathers: 1 }, 2)).toThrow(/^maxBytes: must be a positive integer/);
+        expect(() => sessionSizeHint({ maxBytes: 64, maxAllGathers: 1.5 }, 2)).toThrow(/^maxAllGathers: must be a positive integer/);
+        expect(() => sessionSizeHint({ maxBytes: 64, maxAllGathers: 1 }, 0)).toThrow(/^worldSize: /);
     });
 });

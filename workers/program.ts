@@ -1,7 +1,9 @@
 // The `rank` a rank program receives (group.run): the same operations as driver mode with no thread
 // hop, checked here (rank programs skip the main thread), on host tensors or, on cuda, device tensors;
-// plus the cuda extras (streams, events, graphs, baselines). Every method is async, so a bad input
-// rejects rather than throws; the ops themselves run synchronously on the rank's thread.
+// plus the cuda extras (streams, events, graphs, baselines, interop with the application's own GPU
+// work: workers/interop.ts). The collectives are async, so a bad input rejects rather than throws;
+// the ops themselves run synchronously on the rank's thread. RankProgramHandle<'host' | 'cuda'> types
+// what tensor() makes on each backend; the default is both, told apart by `backend`.
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
 import { SCRATCH } from '../actors/core/addon.js';
@@ -14,6 +16,7 @@ import {
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
 import type { RankOps } from './ops.js';
+import { interopMethods } from './interop.js';
 
 /** A captured sequence of no-CPU-sync ops (rank.capture): every replay is new collectives. */
 export interface CapturedGraph {
@@ -64,7 +67,7 @@ export function programHandle(ops: RankOps) {
     /** host: a host tensor; cuda: a device tensor on this rank's GPU (free() it, or it goes with the group) */
     tensor: ((dtype: DType, shape: number[], data?: ArrayBufferView) =>
       cuda ? deviceTensor(native, dtype, shape, data) : tensor(dtype, shape, data as never)) as {
-      <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> & DeviceTensor<D>;
+      <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> | DeviceTensor<D>;
     },
     hostTensor: tensor,
     /** the sequence number of this rank's last collective, as its transitions carry it (a graph replay takes one per captured op) */
@@ -184,10 +187,30 @@ export function programHandle(ops: RankOps) {
       checkTensor('input', t);
       return ops.ppExchange(t);
     },
+    ...interopMethods(ops, needCuda),
   };
 }
 
-export type RankProgramHandle = ReturnType<typeof programHandle>;
+/** What a rank program's handle offers on every backend (docs/api.md, "Rank programs"). */
+export interface RankOperations extends Omit<ReturnType<typeof programHandle>, 'backend' | 'tensor'> {}
+
+/** The backends a rank program runs on. */
+export type RankBackend = 'host' | 'cuda';
+/** What `rank.tensor()` makes on backend B: a host tensor on 'host', a device tensor on 'cuda'. */
+export type RankTensor<B extends RankBackend, D extends DType = DType> = B extends 'cuda' ? DeviceTensor<D> : Tensor<D>;
+
+/**
+ * The `rank` a rank program's default export receives. RankProgramHandle<'cuda'> (or <'host'>) for a
+ * program written for one backend; the default, RankProgramHandle, is either, told apart by
+ * `rank.backend` (`if (rank.backend === 'cuda')` narrows it, and so what `rank.tensor()` returns).
+ */
+export type RankProgramHandle<B extends RankBackend = RankBackend> = B extends RankBackend
+  ? RankOperations & {
+      readonly backend: B;
+      /** host: a host tensor; cuda: a device tensor on this rank's GPU (free() it, or it goes with the group) */
+      tensor<D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): RankTensor<B, D>;
+    }
+  : never;
 
 const REPLAY_PHASES = Object.freeze(['graph']);
 

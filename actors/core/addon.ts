@@ -105,6 +105,12 @@ export interface NativeContext {
   occupy(sms: number, ms: number): void;
   /** fn runs (on the rank's thread) when one of its waits has lasted a millisecond */
   onSlowWait(fn: () => void): void;
+  // cuda interop (native/src/binding/interop.cc): the rank's CUstream and CUcontext; its stream
+  // waits for a CUevent recorded elsewhere; EINVAL unless [ptr, ptr + bytes) is device memory of its GPU
+  cudaStream(): bigint;
+  cudaContext(): bigint;
+  eventWait(event: bigint): void;
+  deviceCheck(ptr: bigint, bytes: number): void;
 }
 
 export interface EpLayout {

@@ -5,6 +5,8 @@ import { ELEMENT_BYTES, type DType } from './tensor.js';
 
 const ALIGN = 2 * 1024 * 1024;
 const alignUp = (n: number): number => Math.ceil(n / ALIGN) * ALIGN;
+/** Every session collective starts its region at this alignment (kernels/protocol.hpp kRegionAlignment). */
+const REGION = 256;
 
 export interface EpSizes {
   maxTokensPerRank: number;
@@ -40,4 +42,18 @@ export function ppSizeHint(t: { maxBytes: number; numExperts?: number }, worldSi
     throw invalid('numExperts', `must be a positive multiple of the world size (got ${String(t.numExperts)})`);
   const ws = loadAddon().layout({ maxTokensPerRank: 1, hidden: 8, topk: 1, numExperts }, worldSize).workspace.bytes;
   return ws + alignUp(t.maxBytes);
+}
+
+/**
+ * Bytes of symmetric memory (buffer.bytes) for AGRS sessions of up to `maxAllGathers` collectives of
+ * `maxBytes` per rank each (what openSession({ maxBytes, maxAllGathers }) needs), 2 MiB aligned.
+ * Sessions and dispatch/combine use the same buffer, one at a time: a group that does both needs
+ * the larger of this and sizeHint. `numExperts`: the group's buffer.numExperts, as for ppSizeHint.
+ */
+export function sessionSizeHint(t: { maxBytes: number; maxAllGathers: number; numExperts?: number }, worldSize: number): number {
+  if (!Number.isInteger(worldSize) || worldSize < 1 || worldSize > 64) throw invalid('worldSize', `must be an integer in [1, 64] (got ${worldSize})`);
+  if (!Number.isInteger(t?.maxBytes) || t.maxBytes <= 0) throw invalid('maxBytes', 'must be a positive integer');
+  if (!Number.isInteger(t.maxAllGathers) || t.maxAllGathers <= 0) throw invalid('maxAllGathers', 'must be a positive integer');
+  const perCollective = Math.ceil((t.maxBytes * worldSize) / REGION) * REGION;
+  return ppSizeHint({ maxBytes: t.maxAllGathers * perCollective, ...(t.numExperts !== undefined ? { numExperts: t.numExperts } : {}) }, worldSize);
 }

@@ -8,7 +8,8 @@ export interface AgrsLoopResult { rank: number; us: number[] }
 
 export default async function agrsLoop(rank: RankProgramHandle, a: AgrsLoopArgs): Promise<AgrsLoopResult> {
   if (a.engram) {
-    const t = rank.tensor('bf16', [a.engram.entriesPerRank, a.engram.hidden]);
+    // engramWrite takes a host tensor (the table goes to the host segments) on every backend.
+    const t = rank.hostTensor('bf16', [a.engram.entriesPerRank, a.engram.hidden]);
     for (let i = 0; i < t.data.length; i++) t.data[i] = (i * 7 + rank.rank) & 0x3fff;
     await rank.engramWrite(t);
   }

@@ -15,7 +15,7 @@ function lcg(seed: number): () => number {
   return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296);
 }
 
-export default async function gpuMoe(rank: RankProgramHandle, a: GpuMoeArgs): Promise<GpuMoeResult> {
+export default async function gpuMoe(rank: RankProgramHandle<'cuda'>, a: GpuMoeArgs): Promise<GpuMoeResult> {
   const figures: GpuFigure[] = [];
   const W = rank.worldSize;
   for (const c of a.cases) {

@@ -17,7 +17,7 @@ function lcg(seed: number): () => number {
   return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296);
 }
 
-export default async function hotPath(rank: RankProgramHandle, a: HotPathArgs): Promise<HotFigure[]> {
+export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPathArgs): Promise<HotFigure[]> {
   const out: HotFigure[] = [];
   const now = () => performance.now() * 1e3;
 

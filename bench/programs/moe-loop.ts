@@ -28,7 +28,7 @@ function lcg(seed: number): () => number {
   return () => ((s = (Math.imul(s, 1664525) + 1013904223) >>> 0) / 4294967296);
 }
 
-export default async function moeLoop(rank: RankProgramHandle, a: MoeLoopArgs): Promise<MoeLoopResult> {
+export default async function moeLoop(rank: RankProgramHandle<'host'>, a: MoeLoopArgs): Promise<MoeLoopResult> {
   const rng = lcg(a.seed + rank.rank * 7919);
   const x = rank.tensor('bf16', [a.tokens, a.hidden]);
   for (let i = 0; i < x.data.length; i++) x.data[i] = 0x3f80 + (i % 64);

@@ -86,6 +86,11 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::GraphFree>("graphFree"),
                          InstanceMethod<&ContextWrap::Occupy>("occupy"),
                          InstanceMethod<&ContextWrap::OnSlowWait>("onSlowWait"),
+                         // interop.cc
+                         InstanceMethod<&ContextWrap::CudaStream>("cudaStream"),
+                         InstanceMethod<&ContextWrap::CudaContext>("cudaContext"),
+                         InstanceMethod<&ContextWrap::EventWait>("eventWait"),
+                         InstanceMethod<&ContextWrap::DeviceCheck>("deviceCheck"),
                      });
 }
 

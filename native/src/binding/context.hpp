@@ -76,6 +76,11 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value Occupy(const Napi::CallbackInfo& info);
   Napi::Value OnSlowWait(const Napi::CallbackInfo& info);
   static void slow_wait(void* self);
+  // interop with the application's own GPU work (interop.cc)
+  Napi::Value CudaStream(const Napi::CallbackInfo& info);
+  Napi::Value CudaContext(const Napi::CallbackInfo& info);
+  Napi::Value EventWait(const Napi::CallbackInfo& info);
+  Napi::Value DeviceCheck(const Napi::CallbackInfo& info);
 
   // The dispatch whose CPU-sync wait is pending, with its inputs kept alive.
   struct PendingDispatch {

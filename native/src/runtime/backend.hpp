@@ -149,6 +149,15 @@ class Backend {
   virtual bool capturing() const { return false; }
   // Tests: occupy `sms` SMs of the rank's GPU for `ms` milliseconds on a stream of its own.
   virtual void occupy(int sms, double ms);
+
+  // ---- interop with the application's own GPU work (cuda; host refuses with EINVAL) ----
+  // The rank's CUstream and CUcontext (its GPU's primary context), as addresses.
+  virtual uint64_t stream_handle();
+  virtual uint64_t context_handle();
+  // The rank's stream waits for `event`, a CUevent recorded on any stream (not while capturing).
+  virtual void wait_event(uint64_t event);
+  // EINVAL unless [ptr, ptr + bytes) is device memory of the rank's GPU (wrapping external memory).
+  virtual void check_device_memory(uint64_t ptr, int64_t bytes);
 };
 
 std::unique_ptr<Backend> make_host_backend(Context& c);

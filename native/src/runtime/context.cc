@@ -116,5 +116,9 @@ uint64_t Backend::capture_end(uint64_t) { needs_cuda("capture"); }
 void Backend::replay(uint64_t, uint64_t) { needs_cuda("replay"); }
 void Backend::free_graph(uint64_t) { needs_cuda("graph.free"); }
 void Backend::occupy(int, double) { needs_cuda("occupy"); }
+uint64_t Backend::stream_handle() { needs_cuda("cudaStream"); }
+uint64_t Backend::context_handle() { needs_cuda("cudaContext"); }
+void Backend::wait_event(uint64_t) { needs_cuda("waitEvent"); }
+void Backend::check_device_memory(uint64_t, int64_t) { needs_cuda("wrapDevice"); }
 
 }  // namespace rankflow

@@ -4,7 +4,8 @@
 // device memory pool, and one NCCL communicator (none where ranks of the process share the GPU:
 // NCCL refuses two ranks on one GPU). backend.cc: lifecycle, waits, device memory; collectives.cc:
 // barrier, allGather, sessions, engram, pipeline; moe.cc: dispatch and combine; graph.cc: CUDA
-// graphs; bench.cc: baselines and benchmarks.
+// graphs; bench.cc: baselines and benchmarks; interop.cc: the stream, context and events an
+// application's own GPU work uses beside the rank's, and checks of memory it hands over.
 #pragma once
 
 #include <cuda.h>
@@ -103,6 +104,12 @@ class CudaBackend final : public Backend {
   void free_graph(uint64_t graph) override;
   bool capturing() const override { return capturing_; }
   void occupy(int sms, double ms) override;
+
+  // interop.cc: the application's own GPU work beside the rank's
+  uint64_t stream_handle() override;
+  uint64_t context_handle() override;
+  void wait_event(uint64_t event) override;
+  void check_device_memory(uint64_t ptr, int64_t bytes) override;
 
   // bench.cc
   double bench_all_to_all(int64_t bytes, int iters, int warmup) override;

@@ -29,11 +29,11 @@ namespace rankflow::cuda {
   X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) X(cuFuncSetAttribute)           \
   X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)                                  \
   X(cuOccupancyMaxActiveBlocksPerMultiprocessor) X(cuDeviceGetUuid)                            \
-  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery)                 \
+  X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                        \
   X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)      \
   X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)                \
-  X(cuEventDestroy)                                                                            \
+  X(cuEventDestroy) X(cuPointerGetAttribute)                                                   \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyAsync)   \
   X(cuMemsetD8Async) X(cuMemsetD32Async)
 
