@@ -1,5 +1,4 @@
-# The CUDA backend's sources, for whichever CMakeLists builds them (the addon's native/CMakeLists.txt,
-# native/test/CMakeLists.txt). Sets:
+# The CUDA backend's sources, for the addon's native/CMakeLists.txt. Sets:
 #   RF_CUDA_FOUND        cuda.h was found (the backend needs its types; it never links libcuda)
 #   RF_CUDA_INCLUDE_DIR  where cuda.h is
 #   RF_CUDA_SOURCES      the backend's .cc files plus the generated kernel images (kernels/kernels.cmake)

@@ -1,0 +1,92 @@
+// Device memory and events of the CUDA backend (backend.hpp): driver mode's staging of host tensors,
+// rank programs' device tensors (the rank's pool), uploads and downloads on the rank's stream, CUDA
+// events and the device time of the last op.
+#include "backend.hpp"
+#include "driver.hpp"
+#include "faults.hpp"
+
+namespace rankflow::cuda {
+
+CUdeviceptr CudaBackend::staging(int64_t bytes) {
+  if (bytes > stage_bytes_) {
+    translating(rank(), [&] {
+      if (stage_ != 0) pool_.free(stage_);
+      stage_ = 0;
+      stage_bytes_ = 0;
+      const int64_t n = align_up(bytes, kAlignment);
+      stage_ = pool_.alloc(n, "driver-mode staging");
+      stage_bytes_ = n;
+    });
+  }
+  return stage_;
+}
+
+// A host tensor of `bytes` copied to staging + at (device tensors pass through).
+Mem CudaBackend::stage_in(Mem m, int64_t bytes, int64_t at) {
+  if (!m || m.device) return m;
+  const CUdeviceptr dst = stage_ + CUdeviceptr(at);
+  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyHtoDAsync, dst, m.ptr, size_t(bytes), stream_); });
+  return Mem{reinterpret_cast<void*>(uintptr_t(dst)), true};
+}
+
+uint64_t CudaBackend::device_alloc(int64_t bytes) {
+  check_alive("a device tensor");
+  const CUdeviceptr p = translating(rank(), [&] { return pool_.alloc(bytes, "device tensor"); });
+  if (capturing_) capture_.outputs.push_back(p);  // the graph writes it on every replay: it keeps it
+  return uint64_t(p);
+}
+
+void CudaBackend::device_free(uint64_t ptr) {
+  for (const auto& [id, g] : graphs_)
+    for (const CUdeviceptr p : g.outputs)
+      if (p == CUdeviceptr(ptr)) return;  // a graph's output: freed with the graph
+  translating(rank(), [&] { pool_.free(CUdeviceptr(ptr)); });
+}
+
+void CudaBackend::upload(uint64_t dst, const void* src, int64_t bytes) {
+  check_alive("tensor upload");
+  // On the rank's stream: kernels on it see the bytes (a pageable copy returns once staged).
+  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyHtoDAsync, CUdeviceptr(dst), src, size_t(bytes), stream_); });
+}
+
+void CudaBackend::download(void* dst, uint64_t src, int64_t bytes) {
+  check_alive("tensor download");
+  wait_stream(WaitSite{kPhaseNone, -1, "stream"});
+  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoHAsync, dst, CUdeviceptr(src), size_t(bytes), stream_); });
+  wait_stream(WaitSite{kPhaseNone, -1, "stream"});
+}
+
+void CudaBackend::sync() {
+  check_alive("sync");
+  wait_stream(WaitSite{kPhaseNone, -1, "stream"});
+}
+
+uint64_t CudaBackend::record_event() {
+  check_alive("recordEvent");
+  return translating(rank(), [&] {
+    const CUevent e = pool_.new_event();
+    RF_CU(cuEventRecord, e, stream_);
+    return uint64_t(reinterpret_cast<uintptr_t>(e));
+  });
+}
+
+double CudaBackend::elapsed_ms(uint64_t start, uint64_t end) {
+  auto* a = reinterpret_cast<CUevent>(uintptr_t(start));
+  auto* b = reinterpret_cast<CUevent>(uintptr_t(end));
+  RF_CHECK(pool_.owns_event(a) && pool_.owns_event(b), "EINVAL", "elapsedMs: not events of this rank");
+  wait_stream(WaitSite{kPhaseNone, -1, "stream"});
+  float ms = 0;
+  translating(rank(), [&] { RF_CU(cuEventElapsedTime, &ms, a, b); });
+  return double(ms);
+}
+
+void CudaBackend::destroy_event(uint64_t event) { pool_.destroy_event(reinterpret_cast<CUevent>(uintptr_t(event))); }
+
+double CudaBackend::last_op_ms() {
+  wait_stream(WaitSite{kPhaseNone, -1, "stream"});
+  float ms = 0;
+  translating(rank(), [&] { RF_CU(cuEventElapsedTime, &ms, op_start_, op_end_); });
+  return double(ms);
+}
+
+}  // namespace rankflow::cuda

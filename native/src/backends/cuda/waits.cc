@@ -1,0 +1,163 @@
+// The CUDA backend's waits (backend.hpp): whether the rank is still alive, the abort words passed on
+// to waiting kernels, the one device wait (a stream, or the completion flag a kernel writes into
+// mapped host memory) on runtime/wait.hpp's loop, and the Control block the kernels report into
+// (timeouts, refused inputs); a failed stream.
+#include <cstdio>
+
+#include "backend.hpp"
+#include "driver.hpp"
+#include "faults.hpp"
+#include "runtime/wait.hpp"
+
+namespace rankflow::cuda {
+
+namespace {
+std::string hex(uint64_t v) {
+  char s[32];
+  snprintf(s, sizeof s, "0x%016llx", static_cast<unsigned long long>(v));
+  return s;
+}
+}  // namespace
+
+void CudaBackend::check_alive(const char* op) const {
+  if (dead_)
+    throw Error("RANK_FAILED",
+                "rank " + std::to_string(rank()) + " cannot run " + op + ": its protocol state is gone (" + death_ +
+                    "); destroy the group",
+                rank());
+}
+
+void CudaBackend::mark_dead(const std::string& why) const {
+  if (dead_) return;
+  dead_ = true;
+  death_ = why;
+}
+
+bool CudaBackend::abort_raised() const { return c_.abort.raised(); }
+
+void CudaBackend::mirror_abort() {
+  const int32_t* w = c_.abort.words();
+  volatile int32_t* m = ctl_->abort_mirror;
+  m[0] = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+  m[1] = c_.abort.stopping() ? 1 : 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+template <typename Ready>
+void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
+  // Aborts are passed on to the kernels, then the wait goes on until the stream drained (its memory
+  // may be freed after); the kernels give up within the GPU timeout, the CPU waits a little longer.
+  bool aborted = false;
+  WaitRules r = c_.rules;
+  r.abort = nullptr;
+  r.gpu_timeout_s = c_.cfg.gpu_timeout_s + 5;
+  try {
+    wait_until(r, site, WaitKind::Device, [&] {
+      if (ready()) return true;
+      if (!aborted && abort_raised()) {
+        aborted = true;
+        mirror_abort();
+      }
+      return false;
+    }, [] { return uint64_t(0); });
+  } catch (const Error& e) {
+    mark_dead("its GPU work did not finish within the GPU timeout");
+    throw Error("TIMEOUT_GPU", std::string(e.what()) + ": the rank's GPU work did not finish", site.peer,
+                phase_name(site.phase));
+  }
+  // Raised while the op ran (its kernels may have given up before this wait saw it): the op's
+  // results cannot be trusted, and the rank is failing anyway.
+  if (aborted || abort_raised()) {
+    const int failed = c_.abort.failed_rank();
+    mark_dead(failed >= 0 ? "released after rank " + std::to_string(failed) + " failed" : "released at teardown");
+    WaitRules a = c_.rules;
+    throw abort_error(a, site);
+  }
+  check_control(site);
+}
+
+void CudaBackend::wait_stream(const WaitSite& site) {
+  const Driver& d = driver();
+  wait_device(site, [&] {
+    const CUresult res = d.cuStreamQuery(stream_);
+    if (res == CUDA_SUCCESS) return true;
+    if (res != CUDA_ERROR_NOT_READY) fail_stream(res);
+    return false;
+  });
+}
+
+// The barrier kernel writes the op's sequence number into Control.completed_seq at its end: a spin on
+// mapped host memory, no driver call, except every few hundred polls to see a fault early.
+void CudaBackend::wait_completed(uint64_t seq, const WaitSite& site) {
+  const Driver& d = driver();
+  const volatile uint64_t* flag = &ctl_->completed_seq;
+  uint32_t polls = 0;
+  wait_device(site, [&] {
+    if (*flag >= seq) return true;
+    if ((++polls & 255) == 0) {
+      const CUresult res = d.cuStreamQuery(stream_);
+      if (res != CUDA_SUCCESS && res != CUDA_ERROR_NOT_READY) fail_stream(res);
+    }
+    return false;
+  });
+}
+
+void CudaBackend::check_control(const WaitSite& site) {
+  check_gave_up();
+  check_refused();
+  (void)site;
+}
+
+void CudaBackend::check_gave_up() {
+  volatile Control* k = ctl_;
+  if (k->diag.code == kDiagTimeout) {
+    const uint64_t phase = k->diag.phase;
+    const int peer = int(k->diag.peer);
+    mark_dead("a device-side wait timed out");
+    throw Error("TIMEOUT_GPU",
+                "device-phase wait of rank " + std::to_string(rank()) + " in " + phase_name(phase) + " timed out after " +
+                    seconds_text(c_.cfg.gpu_timeout_s) + " s on counter " +
+                    (phase == kPhaseBarrier ? "barrier" : phase == kPhaseEnter ? "enter" : "done") + "[from rank " +
+                    std::to_string(peer) + "] (last value " + hex(k->diag.value) +
+                    "); the kernels gave up, so rank " + std::to_string(rank()) +
+                    "'s protocol state is gone, but its GPU stays usable: destroy the group (a new one works)",
+                peer, phase_name(phase));
+  }
+}
+
+void CudaBackend::check_refused() {
+  volatile Control* k = ctl_;
+  if (k->bad_seq != 0) {
+    const uint64_t seq = k->bad_seq;
+    const int64_t index = k->bad_index, value = k->bad_value;
+    k->bad_seq = 0;
+    if (index == kBadHandle)
+      throw Error("EINVAL", "inputs.handle: rank " + std::to_string(value) + " replays another dispatch's handle than rank " +
+                                std::to_string(rank()) + " in dispatch/combine #" + std::to_string(seq) +
+                                ": every rank must pass the handle of the same dispatch (that op moved no rows between them)");
+    throw Error("EINVAL", "topkIdx[" + std::to_string(index) + "]: " + std::to_string(value) + " is outside [0, " +
+                              std::to_string(c_.cfg.ep.num_experts) + ") and not -1 (dispatch #" + std::to_string(seq) +
+                              ", found on the GPU: that slot was dropped)");
+  }
+}
+
+// A launch failed: a kernel faulted (device waits never trap). CUDA's launch failures are sticky for
+// the whole process: every rank's context in it is dead.
+void CudaBackend::fail_stream(CUresult r) {
+  const std::string name = error_name(r);
+  mark_dead("a kernel failed with " + name);
+  std::string note;
+  const int culprit = faulted_elsewhere(rank(), &note);
+  if (culprit >= 0)
+    throw Error("RANK_FAILED", "rank " + std::to_string(rank()) + ": its stream failed with " + name + "." + note, culprit);
+  record_fault(rank(), "rank " + std::to_string(rank()) + "'s kernel on GPU " + std::to_string(ordinal_) + " failed with " + name);
+  throw Error("RANK_FAILED",
+              "rank " + std::to_string(rank()) + ": a kernel failed with " + name +
+                  " (a fault, not a timeout); the GPU context is dead: destroy the group",
+              rank());
+}
+
+// Driver mode's device copy of host tensors: grown in stream order (the old block is freed after the
+// work queued on it), never with a device-wide synchronisation.
+
+}  // namespace rankflow::cuda
