@@ -33,6 +33,8 @@ export const config = {
   pythonPrefixes: [env.VIRTUAL_ENV, env.HOME ? path.join(env.HOME, '.local') : undefined].filter((p): p is string => !!p),
   /** RANKFLOW_CE_MIN_BYTES: cuda AGRS puts of at least this many bytes per peer use copy engines (default 48 MiB); read at each createGroup. */
   get ceMinBytes(): number { return num(env.RANKFLOW_CE_MIN_BYTES, 48 * 1024 * 1024); },
+  /** DEBUG: the switch most JavaScript tools read; `rankflow` in it turns on the debug log (actors/observe/debug.ts; NODE_DEBUG works through node itself). */
+  debug: env.DEBUG,
   /** RANKFLOW_COOPERATIVE=0: launch the cuda kernels that wait on each other without the cooperative attribute; read at each createGroup. */
   get cooperative(): boolean { return env.RANKFLOW_COOPERATIVE !== '0'; },
 } as const;

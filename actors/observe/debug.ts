@@ -10,13 +10,11 @@
  */
 import { debuglog, format } from 'node:util';
 
+import { config } from '../core/config.js';
+
 const nodeDebug = debuglog('rankflow');
 
-/**
- * Whether a DEBUG value turns on the namespace `name`. Read here from process.env.DEBUG for now,
- * because actors/core/config.ts (where every other variable is listed) belongs to the core; it is
- * meant to move there.
- */
+/** Whether a DEBUG value (actors/core/config.ts reads it) turns on the namespace `name`. */
 export function debugEnabledBy(value: string | undefined, name = 'rankflow'): boolean {
     if (!value) return false;
     let enabled = false;
@@ -39,7 +37,7 @@ function globMatches(pattern: string, name: string): boolean {
     return new RegExp(`^${source}$`, 'i').test(name);
 }
 
-const fromDebugEnv = debugEnabledBy(process.env.DEBUG);
+const fromDebugEnv = debugEnabledBy(config.debug);
 
 /** Whether debug lines are written at all; test it before building an expensive message. */
 export const debugEnabled: boolean = nodeDebug.enabled || fromDebugEnv;
