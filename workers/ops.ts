@@ -200,17 +200,19 @@ export class RankOps {
     const { hidden, topk } = this.init.buffer;
     const T = c.handle.numTokens;
     const n = this.native;
-    if (capturing) n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, 0n, 0n, c.x.shape[0]!);
+    const ox = opts.out ? opts.out.x.ptr : 0n, ow = opts.out ? opts.out.topkWeights.ptr : 0n;
+    if (capturing) n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, ox, ow, c.x.shape[0]!);
     else {
       const r = this.runner;
       r.enter(EVENTS.combine);
       try {
-        n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, 0n, 0n, c.x.shape[0]!);
+        n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, ox, ow, c.x.shape[0]!);
       } catch (e) {
         r.fail(e);
       }
       r.done();
     }
+    if (opts.out) return { x: opts.out.x, topkWeights: opts.out.topkWeights };
     // Outputs allocated while a graph is captured belong to the graph (every replay writes them).
     return {
       x: new DeviceTensor(this.native, 'bf16', [T, hidden], this.u64[SCRATCH.addresses + 6]!, !capturing),

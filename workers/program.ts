@@ -49,7 +49,7 @@ export function programHandle(ops: RankOps) {
   function combine(c: CombineInput): Promise<CombineResult>;
   async function combine(c: CombineInput | DeviceCombineInput, opts?: DeviceOptions): Promise<unknown> {
     if (isDeviceTensor((c as DeviceCombineInput)?.x))
-      return ops.combineDevice(c as DeviceCombineInput, checkDeviceCombine('input', c as DeviceCombineInput, buffer, rank, groupId, registry), opts);
+      return ops.combineDevice(c as DeviceCombineInput, checkDeviceCombine('input', c as DeviceCombineInput, buffer, rank, groupId, registry, opts), opts);
     if (ops.capturing) throw invalid('input.x', 'a captured combine takes device tensors');
     return ops.combine(c as CombineInput, checkCombineInput('input', c, buffer, rank, groupId, registry));
   }
@@ -243,7 +243,7 @@ function checkDeviceDispatch(name: string, d: DeviceDispatchInput, cfg: BufferCo
   if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
 }
 
-function checkDeviceCombine(name: string, c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry): DeviceTensor[] {
+function checkDeviceCombine(name: string, c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): DeviceTensor[] {
   checkHandle(`${name}.handle`, c.handle, rank, groupId, registry);
   const x = checkDevice(`${name}.x`, c.x, ['bf16'], undefined, [undefined, cfg.hidden]);
   if (c.handle.numRecv >= 0 && x.shape[0]! < c.handle.numRecv) throw invalid(`${name}.x.shape[0]`, `is ${x.shape[0]}; the dispatch received ${c.handle.numRecv} rows`);
@@ -251,5 +251,12 @@ function checkDeviceCombine(name: string, c: DeviceCombineInput, cfg: BufferConf
   const bias = c.bias === undefined ? [] : Array.isArray(c.bias) ? c.bias : [c.bias];
   if (bias.length > 2) throw invalid(`${name}.bias`, `takes at most 2 tensors (got ${bias.length})`);
   bias.forEach((b, i) => checkDevice(`${name}.bias[${i}]`, b, ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]));
+  if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { numSms?, out? }');
+  if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
+  if (opts?.out !== undefined) {
+    if (opts.out === null || typeof opts.out !== 'object') throw invalid('options.out', 'must be { x, topkWeights } (device tensors)');
+    checkDevice('options.out.x', opts.out.x, ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]);
+    checkDevice('options.out.topkWeights', opts.out.topkWeights, ['fp32'], undefined, [c.handle.numTokens, cfg.topk]);
+  }
   return bias;
 }

@@ -66,4 +66,9 @@ export interface DeviceOptions {
   outputsInBuffer?: boolean;
   /** SMs (blocks) of the data/combine kernel; 0 = the rank's share of the GPU */
   numSms?: number;
+  /**
+   * combine: write the result into these device tensors ([numTokens, hidden] bf16 and [numTokens, topk]
+   * fp32) instead of allocating new ones: a decode loop then allocates nothing per combine.
+   */
+  out?: { x: DeviceTensor<'bf16'>; topkWeights: DeviceTensor<'fp32'> };
 }

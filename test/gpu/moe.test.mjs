@@ -184,6 +184,10 @@ for (const layout of layouts([2, 4])) {
       res.forEach((o, r) => {
         same(o.combineX, hc[r].x.data, `program combine x, rank ${r}`);
         same(o.combineW, hc[r].topkWeights, `program combine weights, rank ${r}`);
+        assert.equal(o.outIsMine, true, 'options.out: the result is the caller\'s tensors');
+        same(o.combineOutX, hc[r].x.data, `program combine into options.out x, rank ${r}`);
+        same(o.combineOutW, hc[r].topkWeights, `program combine into options.out weights, rank ${r}`);
+        assert.equal(o.outShapeRefused, 'EINVAL');
       });
       const hk = await host.dispatch(inputs(seed + 1, tokens).map((i, r) => ({ x: i.x, handle: h[r].handle })));
       res.forEach((o, r) => {

@@ -27,6 +27,16 @@ export default async function (rank, { seed, tokens }) {
   const c = await rank.combine({ x: cx, handle: d.handle, topkWeights: cw, bias });
   out.combineX = host(c.x);
   out.combineW = host(c.topkWeights);
+  // The same combine into tensors of the caller's (options.out: nothing allocated per call); a wrong
+  // shape is refused before any rank moves.
+  const ox = rank.tensor('bf16', [T, hidden]), ow = rank.tensor('fp32', [T, topk]);
+  const c2 = await rank.combine({ x: cx, handle: d.handle, topkWeights: cw, bias }, { out: { x: ox, topkWeights: ow } });
+  out.outIsMine = c2.x === ox && c2.topkWeights === ow;
+  out.combineOutX = host(ox);
+  out.combineOutW = host(ow);
+  const wrong = rank.tensor('bf16', [T + 1, hidden]);
+  out.outShapeRefused = await rank.combine({ x: cx, handle: d.handle }, { out: { x: wrong, topkWeights: ow } }).then(() => 'accepted', (e) => e.code);
+  for (const t of [ox, ow, wrong]) t.free();
 
   // The zero-copy path: no CPU sync, outputs in the buffer (worst-case rows; the first R are the tokens).
   const b = await rank.dispatch({ x, topkIdx, topkWeights }, { outputsInBuffer: true });
