@@ -131,6 +131,18 @@ export class RankRunner {
     this.send(doneWith(phases));
   }
 
+  /** The rank's failure, as every op on a failed rank rejects with it (undefined unless it failed). */
+  failure(): RankflowError | undefined {
+    const s = this.actor.getSnapshot();
+    const e = s.value === 'failed' ? s.context.error : null;
+    return e ? new RankflowError(e.code as never, e.message, { rank: e.rank, state: 'failed', phase: e.phase }) : undefined;
+  }
+
+  /** The op in progress was started asynchronously (ISSUED), or one in flight was waited for (COMPLETED). */
+  inflight(event: Extract<RankEvent, { type: 'ISSUED' | 'COMPLETED' }>): void {
+    this.send(event);
+  }
+
   peerFailed(error: FailureInfo): void {
     if (this.actor.getSnapshot().status === 'active') this.send({ type: 'PEER_FAILED', error });
   }
@@ -152,7 +164,7 @@ export class RankRunner {
       kind: 'transition',
       transition: {
         rank: this.rank, from, to, event: event.type, at: now(), seq: c.seq,
-        ...(c.op ? { op: c.op } : event.type === 'DONE' || event.type === 'FAILED' ? { op: opOf(from) } : {}),
+        ...(c.op ? { op: c.op } : event.type === 'DONE' || event.type === 'FAILED' || event.type === 'COMPLETED' ? { op: opOf(from) } : {}),
         ...(phases ? { phases } : {}),
         ...(to === 'failed' && c.error ? { phase: c.error.phase ?? c.error.state, error: c.error } : {}),
       },

@@ -219,6 +219,17 @@ void CudaBackend::wait_stream(const WaitSite& site) {
   });
 }
 
+// An async op's end (async.cc): its event, queried in the same loop.
+void CudaBackend::wait_event(CUevent e, const WaitSite& site) {
+  const Driver& d = driver();
+  wait_device(site, [&] {
+    const CUresult res = d.cuEventQuery(e);
+    if (res == CUDA_SUCCESS) return true;
+    if (res != CUDA_ERROR_NOT_READY) fail_stream(res);
+    return false;
+  });
+}
+
 // The barrier kernel writes the op's sequence number into Control.completed_seq at its end: a spin on
 // mapped host memory, no driver call, except every few hundred polls to see a fault early.
 void CudaBackend::wait_completed(uint64_t seq, const WaitSite& site) {
@@ -372,6 +383,7 @@ void CudaBackend::destroy() noexcept {
   scratch_ = segments_ = stage_ = 0;
   registered_ = nullptr;
   stage_bytes_ = 0;
+  pinned_.clear();  // the stream is idle: no fetch reads its ids any more
   host_.destroy();
   ctl_ = nullptr;
   mem_.destroy();

@@ -4,7 +4,7 @@
 // device memory pool, and one NCCL communicator (none where ranks of the process share the GPU:
 // NCCL refuses two ranks on one GPU). backend.cc: lifecycle, waits, device memory; collectives.cc:
 // barrier, allGather, sessions, engram, pipeline; moe.cc: dispatch and combine; graph.cc: CUDA
-// graphs; bench.cc: baselines and benchmarks.
+// graphs; bench.cc: baselines and benchmarks; async.cc: asynchronous AGRS and engram fetches.
 #pragma once
 
 #include <cuda.h>
@@ -78,6 +78,12 @@ class CudaBackend final : public Backend {
   void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) override;
   void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
 
+  // async.cc
+  void agrs_issue(AgrsOp& op) override;
+  void agrs_complete(AgrsOp& op) override;
+  void engram_fetch_issue(FetchOp& op) override;
+  void engram_fetch_complete(FetchOp& op) override;
+
   // moe.cc
   void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
   void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;
@@ -144,6 +150,12 @@ class CudaBackend final : public Backend {
   void put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
            kargs::Ring ring, bool enter, Phase phase);
   void keep_for_graph(const CudaLayout& l);
+  // async.cc: an async op's end, recorded on the stream, waited for like the stream itself.
+  void wait_event(CUevent e, const WaitSite& site);
+  // Mapped pinned blocks that async fetches read their ids from (no copy, no stream sync for a
+  // pageable source); reused once the fetch that used one is complete, freed at destroy.
+  HostWorkspace* take_pinned(int64_t bytes);
+  void give_back_pinned(HostWorkspace* w);
 
   Context& c_;
   int ordinal_ = -1;
@@ -183,6 +195,7 @@ class CudaBackend final : public Backend {
   uint64_t next_graph_ = 1;
   uint64_t epoch_value_ = UINT64_MAX;  // what the device epoch holds after the last replay
   CUstream busy_stream_ = nullptr;
+  std::vector<std::pair<std::unique_ptr<HostWorkspace>, bool>> pinned_;  // (block, in use)
   mutable bool dead_ = false;
   mutable std::string death_;
   bool destroyed_ = false;
