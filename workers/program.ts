@@ -87,6 +87,10 @@ export function programHandle(ops: RankOps) {
     get seq(): number {
       return native.info().seq as number;
     },
+    /** the rank machine's state, as a dotted path ('ready', 'session.gathering' while an allGather is in flight) */
+    get state(): string {
+      return ops.runner.state();
+    },
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare) */
     info: () => native.info(),
     async barrier(opts: { withCpuSync?: boolean } = {}) {

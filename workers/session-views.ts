@@ -37,6 +37,8 @@ class SessionDeviceView<D extends DType = DType> extends DeviceTensor<D> {
 
 /** What each rank has in flight outside sessions (engram fetches), for clear refusals. */
 const fetchesInFlight = new WeakMap<RankOps, number>();
+/** At most this many engram fetches in flight per rank (native/src/runtime/inflight.hpp kMaxFetches). */
+export const MAX_FETCHES_IN_FLIGHT = 16;
 
 /** STATE while engram fetches of this rank are in flight (ops that would reuse or replace what they read). */
 export function refuseWhileFetching(ops: RankOps, what: string): void {
@@ -79,6 +81,8 @@ function finish(ops: RankOps, id: number, kind: InFlightKind): ArrayBuffer | und
 export class RankSession {
   private closed = false;
   private pending = 0;
+  /** views a collective in flight writes (its result; its input gathered in place): no input until its wait */
+  private readonly busy = new Map<object, number>();
   private readonly deviceViews: SessionDeviceView[] = [];
   private readonly W: number;
   private readonly cuda: boolean;
@@ -117,6 +121,13 @@ export class RankSession {
   reduceScatter(t: AnyTensor, opts?: AsyncOptions): InFlightCollective<SessionTensor> | Promise<AnyTensor> {
     if (checkAsyncOptions(opts)) return this.collective('reduce', t, true) as InFlightCollective<SessionTensor>;
     return (async () => this.syncCollective('reduce', t))();
+  }
+
+  /** The byte offset of a session tensor or result in the rank's window: the same offset in every peer's window. */
+  offsetOf(t: AnyTensor): number {
+    const at = isDeviceTensor(t) ? viewOffsets.get(t) : ArrayBuffer.isView((t as Tensor)?.data) ? viewOffsets.get((t as Tensor).data.buffer) : undefined;
+    if (at === undefined) throw invalid('tensor', "is not a view of a session's buffer (s.tensor() or a collective's result)");
+    return at + (isDeviceTensor(t) ? 0 : (t as Tensor).data.byteOffset);
   }
 
   async close(): Promise<void> {
@@ -182,6 +193,9 @@ export class RankSession {
     const { runner, native } = this.ops;
     if (this.ops.capturing) throw new RankflowError('STATE', `${what}: session collectives cannot be captured into a graph`);
     const { arg, size, bf16, shape } = this.checkInput(kind, t);
+    // Refused here, before the machine: natively this is a STATE that would fail the rank.
+    if (this.busy.has(this.keyOf(t)))
+      throw new RankflowError('STATE', `${what}: its input lies in the region a collective in flight is still writing: wait() for it first`);
     runner.enter(kind === 'gather' ? EVENTS.sessionAllGather : EVENTS.sessionReduceScatter);
     let id = 0, at = 0;
     try {
@@ -201,6 +215,10 @@ export class RankSession {
     }
     runner.inflight({ type: 'ISSUED', kind });
     this.pending++;
+    // What it writes: its result, and the tensor it gathers in place (the same region).
+    const writes = [this.keyOf(result)];
+    if (kind === 'gather' && viewOffsets.has(this.keyOf(t)) && this.offsetOf(t) === at + this.ops.init.rank * size) writes.push(this.keyOf(t));
+    for (const k of writes) this.busy.set(k, (this.busy.get(k) ?? 0) + 1);
     let waited = false;
     return {
       result,
@@ -208,10 +226,20 @@ export class RankSession {
         if (waited) throw new RankflowError('STATE', `wait(): this ${what} was waited for already (wait() once)`);
         waited = true;
         this.pending--;
+        for (const k of writes) {
+          const n = (this.busy.get(k) ?? 1) - 1;
+          if (n > 0) this.busy.set(k, n);
+          else this.busy.delete(k);
+        }
         finish(this.ops, id, kind);
         return result;
       },
     };
+  }
+
+  /** What identifies a view's memory: its ArrayBuffer (host; subarrays share it), the view itself (cuda). */
+  private keyOf(t: AnyTensor): object {
+    return isDeviceTensor(t) ? t : (t as Tensor).data.buffer;
   }
 
   private isHostView(t: AnyTensor): boolean {
@@ -226,17 +254,21 @@ export class RankSession {
     if (!this.cuda) {
       const ab = native.windowView(offset, bytes);
       hostViews.add(ab);
+      viewOffsets.set(ab, offset);
       return fromBytes(dtype, shape, new Uint8Array(ab)) as SessionTensor<D>;
     }
     this.window ??= native.info().window;
     const v = new SessionDeviceView(native, dtype, shape, this.window + BigInt(offset), false);
     this.deviceViews.push(v);
+    viewOffsets.set(v, offset);
     return v as unknown as SessionTensor<D>;
   }
 }
 
 /** The ArrayBuffers of host session views (detached natively when their session closes). */
 const hostViews = new WeakSet<ArrayBufferLike>();
+/** Window offsets of views: host, by ArrayBuffer; cuda, by device tensor. */
+const viewOffsets = new WeakMap<object, number>();
 
 /** rank.openSession: every rank enters the session state (collective), then gets its handle. */
 export function openRankSession(ops: RankOps, opts: { maxBytes: number; maxAllGathers: number }): RankSession {
@@ -255,7 +287,11 @@ export function openRankSession(ops: RankOps, opts: { maxBytes: number; maxAllGa
 export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Tensor | DeviceTensor> {
   const { runner, native } = ops;
   if (ops.capturing) throw new RankflowError('STATE', 'engramFetch: an asynchronous fetch cannot be captured into a graph');
+  const inFlight = fetchesInFlight.get(ops) ?? 0;
+  if (inFlight >= MAX_FETCHES_IN_FLIGHT)
+    throw new RankflowError('STATE', `engramFetch: ${inFlight} fetches are in flight already (at most ${MAX_FETCHES_IN_FLIGHT}): wait() for one first`);
   const meta = ops.engram;
+  if (!meta) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
   runner.enter(EVENTS.engramFetch);
   let id = 0, ptr = 0n;
   try {
@@ -265,14 +301,14 @@ export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Te
   }
   runner.inflight({ type: 'ISSUED', kind: 'fetch' });
   fetchesInFlight.set(ops, (fetchesInFlight.get(ops) ?? 0) + 1);
-  const shape = [ids.length, ...meta!.rowShape];
+  const shape = [ids.length, ...meta.rowShape];
   let waited = false;
   return {
     wait: async () => {
       if (waited) throw new RankflowError('STATE', 'wait(): this engramFetch was waited for already (wait() once)');
       waited = true;
       fetchesInFlight.set(ops, (fetchesInFlight.get(ops) ?? 1) - 1);
-      const owned = ops.init.backend === 'cuda' ? new DeviceTensor(native, meta!.dtype, shape, ptr) : null;
+      const owned = ops.init.backend === 'cuda' ? new DeviceTensor(native, meta.dtype, shape, ptr) : null;
       let rows: ArrayBuffer | undefined;
       try {
         rows = finish(ops, id, 'fetch');
@@ -280,7 +316,7 @@ export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Te
         owned?.free();
         throw e;
       }
-      return owned ?? fromBytes(meta!.dtype, shape, new Uint8Array(rows!));
+      return owned ?? fromBytes(meta.dtype, shape, new Uint8Array(rows!));
     },
   };
 }

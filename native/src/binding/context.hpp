@@ -106,6 +106,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   uint64_t* scratch_u64_ = nullptr;
   std::unique_ptr<PendingDispatch> pending_;
   std::vector<Napi::Reference<Napi::ArrayBuffer>> views_;  // weak: the views of the window handed out
+  size_t views_prune_at_ = 64;
   napi_env env_ = nullptr;
   bool cleanup_ran_ = false;
 };

@@ -2,6 +2,8 @@
 // a session tensor is a window offset (host: viewed through an ArrayBuffer over the mapped window,
 // detached when the session closes or the rank is destroyed; cuda: a device address), an async op is
 // an id returned by its issue and passed to inflightWait().
+#include <algorithm>
+
 #include "context.hpp"
 #include "marshal.hpp"
 
@@ -34,6 +36,7 @@ void ContextWrap::detach_views(Napi::Env env) noexcept {
     ref.Reset();
   }
   views_.clear();
+  views_prune_at_ = 64;
 }
 
 // (bytes) -> the window offset of my slot of a fresh session region (a session tensor)
@@ -60,12 +63,14 @@ Napi::Value ContextWrap::WindowView(const Napi::CallbackInfo& info) {
   const uint64_t window = guarded(env, [&] { return c.backend().info().windows.at(size_t(c.rank())); });
   auto* p = reinterpret_cast<uint8_t*>(uintptr_t(window)) + offset;
   Napi::ArrayBuffer ab = Napi::ArrayBuffer::New(env, p, size_t(bytes));
-  // Forget the views that were collected meanwhile, so that a long session does not grow this list.
-  if (views_.size() >= 64) {
+  // Forget the views that were collected meanwhile, so that a long session does not grow this list
+  // (pruned when it doubled since the last time: amortised constant per view).
+  if (views_.size() >= views_prune_at_) {
     std::vector<Napi::Reference<Napi::ArrayBuffer>> live;
     for (auto& r : views_)
       if (!r.IsEmpty() && !r.Value().IsEmpty()) live.push_back(std::move(r));
     views_ = std::move(live);
+    views_prune_at_ = std::max<size_t>(64, 2 * views_.size());
   }
   views_.push_back(Napi::Reference<Napi::ArrayBuffer>::New(ab, 0));
   return ab;

@@ -44,6 +44,8 @@ class InFlight {
  public:
   // At most this many engram fetches in flight at once (each holds its output and its ids).
   static constexpr int kMaxFetches = 16;
+  // My buffer's address (host pointer or device address), once known: session inputs are found by it.
+  uint64_t buffer_base = 0;
 
   InFlightOp& add(std::unique_ptr<InFlightOp> op) {
     InFlightOp& o = *op;

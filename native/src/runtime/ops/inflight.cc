@@ -16,7 +16,8 @@ bool on_cuda(const Context& c) { return c.cfg.backend == BackendKind::Cuda; }
 // The address of my buffer (host pointer or device address: my window + the workspace).
 uint64_t buffer_base(Context& c) {
   static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
-  return c.backend().info().windows.at(size_t(c.rank())) + uint64_t(c.ws.bytes);
+  if (c.inflight.buffer_base == 0) c.inflight.buffer_base = c.backend().info().windows.at(size_t(c.rank())) + uint64_t(c.ws.bytes);
+  return c.inflight.buffer_base;
 }
 
 // The buffer offset of `in` if it lies in my session area (memory of the kind my buffer is), else -1.
