@@ -4,10 +4,9 @@
 // as wait_stream does for the whole stream. An allGather of a session tensor is in place: its data is
 // my slot of the region already, so only the puts to the peers run. A reduceScatter leaves its sum
 // at the start of its region (the reduce kernel reads every part of element i, then writes part 0's).
-// A fetch reads its ids from mapped pinned memory, so issuing it copies nothing and never waits for
-// the stream (a pageable copy may).
-#include <cstring>
-
+// A fetch copies its ids into a block of the rank's pool (stream-ordered: no device-wide
+// synchronisation, which pinned allocations would bring, and with ranks sharing a GPU could deadlock
+// a peer's waiting kernel); being a pageable copy, issuing may wait for the rank's earlier stream work.
 #include "backend.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
@@ -19,8 +18,7 @@ namespace {
 CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
 
 struct AsyncEnd final : AsyncState {
-  CUevent done = nullptr;            // recorded after the op's last work on the stream
-  HostWorkspace* ids = nullptr;      // a fetch's ids (given back at completion)
+  CUevent done = nullptr;  // recorded after the op's last work on the stream
 };
 
 }  // namespace
@@ -81,21 +79,22 @@ void CudaBackend::engram_fetch_issue(FetchOp& op) {
   auto end = std::make_unique<AsyncEnd>();
   translating(rank(), [&] {
     if (n > 0) {
-      end->ids = take_pinned(n * 4);
-      std::memcpy(end->ids->host(), op.ids.data(), size_t(n * 4));
+      const CUdeviceptr ids = pool_.alloc(n * 4, "engram fetch ids");
       kargs::FetchArgs f;
       f.segments = reinterpret_cast<const uint64_t*>(segments_);
-      f.ids = reinterpret_cast<const int32_t*>(end->ids->device());
+      f.ids = reinterpret_cast<const int32_t*>(ids);
       f.n = n;
       f.entries = op.entries;
       f.row_bytes = op.row_bytes;
       f.out = op.out.as<uint8_t>();
       try {
+        RF_CU(cuMemcpyHtoDAsync, ids, op.ids.data(), size_t(n * 4), stream_);
         launch_->engram_fetch(stream_, f);
       } catch (...) {
-        give_back_pinned(end->ids);
+        pool_.free(ids);
         throw;
       }
+      pool_.free(ids);  // in stream order: after the kernel
     }
     end->done = pool_.new_event();
     RF_CU(cuEventRecord, end->done, stream_);
@@ -108,28 +107,6 @@ void CudaBackend::engram_fetch_complete(FetchOp& op) {
   wait_event(end->done, WaitSite{kPhaseEngram, -1, "fetch"});
   pool_.destroy_event(end->done);
   end->done = nullptr;
-  if (end->ids != nullptr) give_back_pinned(end->ids);
-  end->ids = nullptr;
-}
-
-HostWorkspace* CudaBackend::take_pinned(int64_t bytes) {
-  HostWorkspace* best = nullptr;
-  for (auto& [w, used] : pinned_)
-    if (!used && w->bytes() >= bytes && (best == nullptr || w->bytes() < best->bytes())) best = w.get();
-  if (best == nullptr) {
-    auto w = std::make_unique<HostWorkspace>();
-    w->create(bytes);
-    best = w.get();
-    pinned_.emplace_back(std::move(w), false);
-  }
-  for (auto& [w, used] : pinned_)
-    if (w.get() == best) used = true;
-  return best;
-}
-
-void CudaBackend::give_back_pinned(HostWorkspace* w) {
-  for (auto& [p, used] : pinned_)
-    if (p.get() == w) used = false;
 }
 
 }  // namespace rankflow::cuda

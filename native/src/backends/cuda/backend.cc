@@ -383,7 +383,6 @@ void CudaBackend::destroy() noexcept {
   scratch_ = segments_ = stage_ = 0;
   registered_ = nullptr;
   stage_bytes_ = 0;
-  pinned_.clear();  // the stream is idle: no fetch reads its ids any more
   host_.destroy();
   ctl_ = nullptr;
   mem_.destroy();

@@ -152,10 +152,6 @@ class CudaBackend final : public Backend {
   void keep_for_graph(const CudaLayout& l);
   // async.cc: an async op's end, recorded on the stream, waited for like the stream itself.
   void wait_event(CUevent e, const WaitSite& site);
-  // Mapped pinned blocks that async fetches read their ids from (no copy, no stream sync for a
-  // pageable source); reused once the fetch that used one is complete, freed at destroy.
-  HostWorkspace* take_pinned(int64_t bytes);
-  void give_back_pinned(HostWorkspace* w);
 
   Context& c_;
   int ordinal_ = -1;
@@ -195,7 +191,6 @@ class CudaBackend final : public Backend {
   uint64_t next_graph_ = 1;
   uint64_t epoch_value_ = UINT64_MAX;  // what the device epoch holds after the last replay
   CUstream busy_stream_ = nullptr;
-  std::vector<std::pair<std::unique_ptr<HostWorkspace>, bool>> pinned_;  // (block, in use)
   mutable bool dead_ = false;
   mutable std::string death_;
   bool destroyed_ = false;
