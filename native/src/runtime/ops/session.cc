@@ -1,6 +1,7 @@
 // AGRS sessions as the runtime runs them (seed 6.3). Opening and closing write the session index into
 // every peer's session slot and wait for all of theirs; inside a session every collective uses a
 // fresh part of the buffer, so no per-collective enter round is needed: that is what sessions buy.
+// Each part is recorded (Session::regions) for session tensors and async collectives (ops/inflight.cc).
 #include "../ops.hpp"
 
 namespace rankflow::ops {
