@@ -7,8 +7,12 @@ export { sizeHint, sessionSizeHint, engramSizeHint, ppSizeHint } from './core/hi
 export { tensor, toBf16, fromBf16, floatToBf16, bf16ToFloat, bytesOf, numel, ELEMENT_BYTES } from './core/tensor.js';
 export type { Tensor, DType, TensorData } from './core/tensor.js';
 export type { BufferConfig, DispatchInput, CombineInput, DispatchHandle } from './core/validate.js';
-export type { DispatchResult, CombineResult, DeviceDispatchResult, DeviceDispatchInput, DeviceCombineInput, DeviceCombineResult, DeviceOptions } from './core/types.js';
+export type {
+  DispatchResult, CombineResult, DeviceDispatchResult, DeviceDispatchInput, DeviceCombineInput, DeviceCombineResult, DeviceOptions,
+  AsyncOptions, InFlightCollective, PendingFetch,
+} from './core/types.js';
 export type { RankProgramHandle, RankBackend, RankTensor, CapturedGraph } from '../workers/program.js';
+export type { RankSession, SessionTensor } from '../workers/session-views.js';
 export { probeCuda } from './core/backend.js';
 export { DeviceTensor } from './core/device-tensor.js';
 // Watching the ranks (docs/inspector.md): the live inspector, the timeline and its exports.

@@ -10,6 +10,13 @@
 // middle of an op, a dispatch's CPU sync, becomes the state dispatching.cpuSync only while it happens
 // (WAITING). Waits end natively (their deadline, or the abort words a peer's failure raises), so the
 // machine keeps no timers: a synchronous op gives it no chance to run one anyway.
+//
+// Asynchronous ops (rank programs: session collectives and engram fetches with { async: true }) end
+// their pass with ISSUED instead of DONE: the rank stays in the op's state while the op is in flight
+// (context.inflight counts them) and leaves it on COMPLETED, when the op is waited for. While only
+// in-flight ops hold it there (no op runs: op = null), the state takes what its home state takes:
+// session.gathering/reducing the session's collectives, engram.fetching every op `ready` takes
+// except SESSION_OPEN and ENGRAM_WRITE (a session reuses the buffer, a write replaces the table).
 import { assign, setup } from 'xstate';
 
 export interface FailureInfo {
@@ -24,6 +31,9 @@ export type OpName =
   | 'register' | 'barrier' | 'allGather' | 'dispatch' | 'combine' | 'sessionOpen' | 'sessionAllGather'
   | 'sessionReduceScatter' | 'sessionClose' | 'engramWrite' | 'engramFetch' | 'ppExchange' | 'replay' | 'destroy';
 
+/** What an asynchronous op in flight is: a session allGather or reduceScatter, or an engram fetch. */
+export type InFlightKind = 'gather' | 'reduce' | 'fetch';
+
 export interface RankContext {
   rank: number;
   cpuSeconds: number;
@@ -32,6 +42,8 @@ export interface RankContext {
   /** collectives started so far: the same number on every rank for the same collective */
   seq: number;
   error: FailureInfo | null;
+  /** asynchronous ops issued and not yet waited for, by kind */
+  inflight: Record<InFlightKind, number>;
 }
 
 export interface RankInput {
@@ -62,6 +74,10 @@ export type RankEvent =
   | { type: 'FAILED'; error: FailureInfo }
   /** the dispatch in progress waits for its peers' counts (its CPU sync) */
   | { type: 'WAITING' }
+  /** the op in progress was started asynchronously: it is in flight, the rank stays in its state */
+  | { type: 'ISSUED'; kind: InFlightKind }
+  /** an op in flight was waited for (its failure is FAILED) */
+  | { type: 'COMPLETED'; kind: InFlightKind }
   | { type: 'PEER_FAILED'; error: FailureInfo };
 
 const OPS: Record<string, OpName> = {
@@ -72,11 +88,71 @@ const OPS: Record<string, OpName> = {
 };
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
-/** DONE returns to `to`; FAILED with EINVAL too (refused), any other FAILED fails the rank. */
-const settle = <T extends string>(to: T) => ({
-  DONE: { target: to, actions: 'done' },
-  FAILED: [{ target: to, guard: 'refused', actions: 'done' }, { target: '#rank.failed', actions: 'fail' }],
-}) as const;
+/** An op taken from `ready` ends in engram.fetching while fetches are in flight, else in ready. */
+const settleReady = {
+  DONE: [{ target: '#rank.engram.fetching', guard: 'fetching', actions: 'done' }, { target: '#rank.ready', actions: 'done' }],
+  FAILED: [
+    { target: '#rank.engram.fetching', guard: { type: 'refusedWhile', params: { kind: 'fetch' } }, actions: 'done' },
+    { target: '#rank.ready', guard: 'refused', actions: 'done' },
+    { target: '#rank.failed', actions: 'fail' },
+  ],
+} as const;
+
+/** The ops `ready` takes, each into its state. */
+const READY_OPS = {
+  BARRIER: { target: '#rank.barrier', actions: 'begin' },
+  ALL_GATHER: { target: '#rank.allGathering', actions: 'begin' },
+  DISPATCH: { target: '#rank.dispatching', actions: 'begin' },
+  COMBINE: { target: '#rank.combining', actions: 'begin' },
+  ENGRAM_FETCH: { target: '#rank.engram.fetching', actions: 'begin' },
+  PP_EXCHANGE: { target: '#rank.pipeline', actions: 'begin' },
+  REPLAY: { target: '#rank.replaying', actions: 'begin' },
+} as const;
+
+/** The same, taken only while no op runs (in-flight fetches alone hold the rank in engram.fetching). */
+const READY_OPS_WHEN_IDLE = {
+  BARRIER: { ...READY_OPS.BARRIER, guard: 'idle' },
+  ALL_GATHER: { ...READY_OPS.ALL_GATHER, guard: 'idle' },
+  DISPATCH: { ...READY_OPS.DISPATCH, guard: 'idle' },
+  COMBINE: { ...READY_OPS.COMBINE, guard: 'idle' },
+  ENGRAM_FETCH: { ...READY_OPS.ENGRAM_FETCH, guard: 'idle' },
+  PP_EXCHANGE: { ...READY_OPS.PP_EXCHANGE, guard: 'idle' },
+  REPLAY: { ...READY_OPS.REPLAY, guard: 'idle' },
+  DESTROY: { target: '#rank.destroying', guard: 'idle', actions: 'lifecycle' },
+} as const;
+
+/**
+ * A session collective's state (`self`, serving `kind`; `there` serves `other`): DONE, a refusal and
+ * COMPLETED stay while ops of this kind are in flight, else go to the other kind's state while its
+ * ops are, else to session.open. While only in-flight ops hold it, it takes the session's collectives.
+ */
+const sessionOp = <S extends string, T extends string>(kind: 'gather' | 'reduce', self: S, there: T) => {
+  const other = kind === 'gather' ? 'reduce' : 'gather';
+  return {
+    on: {
+      DONE: [
+        { target: self, guard: { type: 'stays', params: { kind } }, actions: 'done' },
+        { target: there, guard: { type: 'stays', params: { kind: other } }, actions: 'done' },
+        { target: '#rank.session.open', actions: 'done' },
+      ],
+      FAILED: [
+        { target: self, guard: { type: 'refusedWhile', params: { kind } }, actions: 'done' },
+        { target: there, guard: { type: 'refusedWhile', params: { kind: other } }, actions: 'done' },
+        { target: '#rank.session.open', guard: 'refused', actions: 'done' },
+        { target: '#rank.failed', actions: 'fail' },
+      ],
+      ISSUED: { actions: ['done', 'issue'] },
+      COMPLETED: [
+        { target: self, guard: { type: 'remainsAfter', params: { kind } }, actions: 'complete' },
+        { target: there, guard: { type: 'remainsAfter', params: { kind: other } }, actions: 'complete' },
+        { target: '#rank.session.open', actions: 'complete' },
+      ],
+      SESSION_ALL_GATHER: { target: '#rank.session.gathering', guard: 'idle', actions: 'begin' },
+      SESSION_REDUCE_SCATTER: { target: '#rank.session.reducing', guard: 'idle', actions: 'begin' },
+      DESTROY: { target: '#rank.destroying', guard: 'idle', actions: 'lifecycle' },
+    },
+  } as const;
+};
 
 export const rankMachine = setup({
   types: {
@@ -93,12 +169,34 @@ export const rankMachine = setup({
     /** REGISTER and DESTROY are not collectives: no seq. */
     lifecycle: assign(({ event }) => ({ op: event.type === 'REGISTER' ? ('register' as const) : ('destroy' as const) })),
     done: assign({ op: null }),
+    /** ISSUED: one more op of its kind in flight */
+    issue: assign(({ context, event }) => {
+      const kind = (event as { kind: InFlightKind }).kind;
+      return { inflight: { ...context.inflight, [kind]: context.inflight[kind] + 1 } };
+    }),
+    /** COMPLETED: one op of its kind less in flight */
+    complete: assign(({ context, event }) => {
+      const kind = (event as { kind: InFlightKind }).kind;
+      return { inflight: { ...context.inflight, [kind]: Math.max(0, context.inflight[kind] - 1) } };
+    }),
     fail: assign({ error: ({ event }) => (event as { error: FailureInfo }).error }),
     recordPeerFailure: assign(({ context, event }) => ({ error: context.error ?? (event as { error: FailureInfo }).error })),
   },
   guards: {
     /** EINVAL means the op was refused before it moved anything: the rank stays usable. */
     refused: ({ event }) => event.type === 'FAILED' && event.error.code === 'EINVAL',
+    /** no op runs now (only in-flight ops, if any, hold the rank in its state) */
+    idle: ({ context }) => context.op === null,
+    /** engram fetches are in flight */
+    fetching: ({ context }) => context.inflight.fetch > 0,
+    /** ops of `kind` are in flight */
+    stays: ({ context }, p: { kind: InFlightKind }) => context.inflight[p.kind] > 0,
+    /** a refusal while ops of `kind` are in flight */
+    refusedWhile: ({ context, event }, p: { kind: InFlightKind }) =>
+      event.type === 'FAILED' && event.error.code === 'EINVAL' && context.inflight[p.kind] > 0,
+    /** after this COMPLETED, ops of `kind` are still in flight */
+    remainsAfter: ({ context, event }, p: { kind: InFlightKind }) =>
+      context.inflight[p.kind] - (event.type === 'COMPLETED' && event.kind === p.kind ? 1 : 0) > 0,
   },
 }).createMachine({
   id: 'rank',
@@ -109,6 +207,7 @@ export const rankMachine = setup({
     op: null,
     seq: 0,
     error: null,
+    inflight: { gather: 0, reduce: 0, fetch: 0 },
   }),
   initial: 'init',
   on: {
@@ -129,20 +228,14 @@ export const rankMachine = setup({
     },
     ready: {
       on: {
-        BARRIER: { target: 'barrier', actions: 'begin' },
-        ALL_GATHER: { target: 'allGathering', actions: 'begin' },
-        DISPATCH: { target: 'dispatching', actions: 'begin' },
-        COMBINE: { target: 'combining', actions: 'begin' },
+        ...READY_OPS,
         SESSION_OPEN: { target: 'session', actions: 'begin' },
         ENGRAM_WRITE: { target: 'engram.writing', actions: 'begin' },
-        ENGRAM_FETCH: { target: 'engram.fetching', actions: 'begin' },
-        PP_EXCHANGE: { target: 'pipeline', actions: 'begin' },
-        REPLAY: { target: 'replaying', actions: 'begin' },
         DESTROY: { target: 'destroying', actions: 'lifecycle' },
       },
     },
-    barrier: { on: settle('#rank.ready') },
-    allGathering: { on: settle('#rank.ready') },
+    barrier: { on: settleReady },
+    allGathering: { on: settleReady },
     dispatching: {
       initial: 'running',
       states: {
@@ -150,9 +243,9 @@ export const rankMachine = setup({
         // The CPU polls the counters the notify phase wrote (seed 7.3); TIMEOUT_CPU names rank and counter.
         cpuSync: {},
       },
-      on: settle('#rank.ready'),
+      on: settleReady,
     },
-    combining: { on: settle('#rank.ready') },
+    combining: { on: settleReady },
     // An AGRS session (seed 9.4): the rank stays in it between collectives until it is closed.
     session: {
       initial: 'opening',
@@ -171,8 +264,9 @@ export const rankMachine = setup({
             DESTROY: { target: '#rank.destroying', actions: 'lifecycle' },
           },
         },
-        gathering: { on: settle('#rank.session.open') },
-        reducing: { on: settle('#rank.session.open') },
+        // Also while collectives issued with { async: true } are in flight (see sessionOp).
+        gathering: sessionOp('gather', '#rank.session.gathering', '#rank.session.reducing'),
+        reducing: sessionOp('reduce', '#rank.session.reducing', '#rank.session.gathering'),
         closing: {
           on: {
             DONE: { target: '#rank.ready', actions: 'done' },
@@ -184,13 +278,24 @@ export const rankMachine = setup({
     engram: {
       initial: 'writing',
       states: {
-        writing: { on: settle('#rank.ready') },
-        fetching: { on: settle('#rank.ready') },
+        writing: { on: settleReady },
+        // Also while fetches issued with { async: true } are in flight: other ops run meanwhile.
+        fetching: {
+          on: {
+            ...settleReady,
+            ISSUED: { actions: ['done', 'issue'] },
+            COMPLETED: [
+              { target: '#rank.engram.fetching', guard: { type: 'remainsAfter', params: { kind: 'fetch' } }, actions: 'complete' },
+              { target: '#rank.ready', actions: 'complete' },
+            ],
+            ...READY_OPS_WHEN_IDLE,
+          },
+        },
       },
     },
-    pipeline: { on: settle('#rank.ready') },
+    pipeline: { on: settleReady },
     // A captured graph's ops, launched at once: one collective of `ops` sequence numbers.
-    replaying: { on: settle('#rank.ready') },
+    replaying: { on: settleReady },
     failed: {
       on: {
         PEER_FAILED: {},

@@ -23,7 +23,8 @@ export class RankOps {
   readonly handles = new HandleRegistry();
   private readonly f64: Float64Array;
   private readonly u64: BigUint64Array;
-  private engram: { dtype: DType; rowShape: number[] } | null = null;
+  /** @internal the engram table's row type (rank programs' async fetches shape their rows with it) */
+  engram: { dtype: DType; rowShape: number[] } | null = null;
   /** the receive buffer's regions as device tensors: the outputs of every outputsInBuffer dispatch */
   private views: Record<string, DeviceTensor> | null = null;
 

@@ -9,7 +9,8 @@ import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/core/devic
 import { SCRATCH } from '../actors/core/addon.js';
 import { checkArray, checkTensor, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
 import type {
-  CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
+  AsyncOptions, CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
+  PendingFetch,
 } from '../actors/core/types.js';
 import {
   checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
@@ -17,6 +18,7 @@ import {
 import type { HandleRegistry } from '../actors/core/handles.js';
 import type { RankOps } from './ops.js';
 import { interopMethods } from './interop.js';
+import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
 
 /** A captured sequence of no-CPU-sync ops (rank.capture): every replay is new collectives. */
 export interface CapturedGraph {
@@ -60,6 +62,20 @@ export function programHandle(ops: RankOps) {
     else if (!cuda) throw invalid('input', "device tensors need backend 'cuda'");
     return ops.allGather(t);
   }
+  /** engram rows by global id; { async: true }: the fetch overlaps with what runs until wait() */
+  function engramFetch(ids: Int32Array, opts: AsyncOptions & { async: true }): PendingFetch<Tensor & DeviceTensor>;
+  function engramFetch(ids: Int32Array, opts?: AsyncOptions): Promise<Tensor>;
+  function engramFetch(ids: Int32Array, opts?: AsyncOptions): PendingFetch<Tensor & DeviceTensor> | Promise<Tensor> {
+    if (opts !== undefined && (opts === null || typeof opts !== 'object')) return Promise.reject(invalid('options', 'must be { async? }'));
+    if (opts?.async === true) {
+      checkArray('indices', ids, Int32Array);
+      return engramFetchAsync(ops, ids) as PendingFetch<Tensor & DeviceTensor>;
+    }
+    return (async () => {
+      checkArray('indices', ids, Int32Array);
+      return ops.engramFetch(ids);
+    })();
+  }
   return {
     rank,
     worldSize,
@@ -73,6 +89,10 @@ export function programHandle(ops: RankOps) {
     /** the sequence number of this rank's last collective, as its transitions carry it (a graph replay takes one per captured op) */
     get seq(): number {
       return ops.runner.seq();
+    },
+    /** the rank machine's state, as a dotted path ('ready', 'session.gathering' while an allGather is in flight) */
+    get state(): string {
+      return ops.runner.state();
     },
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare) */
     info: () => native.info(),
@@ -157,32 +177,14 @@ export function programHandle(ops: RankOps) {
     benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => native.benchAgrs(op, engine, bytes, iters),
     /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds (the compute-overlap case) */
     occupySms: (sms: number, ms: number) => (needCuda('occupySms'), native.occupy(sms, ms)),
-    openSession: async (opts: { maxBytes: number; maxAllGathers: number }) => {
-      if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
-      checkPositiveInt('maxBytes', opts.maxBytes);
-      checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
-      ops.sessionOpen(opts.maxBytes, opts.maxAllGathers);
-      return {
-        async allGather(t: Tensor) {
-          checkTensor('input', t);
-          return ops.sessionAllGather(t);
-        },
-        async reduceScatter(t: Tensor) {
-          checkTensor('input', t, { dtypes: ['fp32', 'bf16'] });
-          if (t.shape.length < 1 || t.shape[0]! % worldSize !== 0) throw invalid('input.shape[0]', `must be a multiple of the world size (${worldSize})`);
-          return ops.sessionReduceScatter(t);
-        },
-        close: async () => ops.sessionClose(),
-      };
-    },
+    /** An AGRS session (every rank calls it): session tensors, allGather / reduceScatter, { async: true } (session-views.ts) */
+    openSession: async (opts: { maxBytes: number; maxAllGathers: number }): Promise<RankSession> => openRankSession(ops, opts),
     async engramWrite(t: Tensor) {
       checkTensor('storage', t, { rank: 2 });
+      refuseWhileFetching(ops, 'engramWrite');
       return ops.engramWrite(t);
     },
-    async engramFetch(ids: Int32Array) {
-      checkArray('indices', ids, Int32Array);
-      return ops.engramFetch(ids);
-    },
+    engramFetch,
     async ppExchange(t: Tensor) {
       checkTensor('input', t);
       return ops.ppExchange(t);

@@ -90,7 +90,9 @@ export class RankRunner {
   private actor: Actor<typeof rankMachine>;
   private readonly input;
   private stale = false;
-  private readonly steps = new Map<string, Map<string, Step>>();
+  private readonly stepsIdle = new Map<string, Map<string, Step>>();
+  private readonly stepsBusy = new Map<string, Map<string, Step>>();
+  private inflightAny = false;
   // The rank's state as the machine left it (kept here between actor updates).
   private path = 'init';
   private value: StateValue = 'init';
@@ -177,6 +179,19 @@ export class RankRunner {
     this.send(doneWith(phases));
   }
 
+  /** The rank's failure, as every op on a failed rank rejects with it (undefined unless it failed). */
+  failure(): RankflowError | undefined {
+    if (this.path !== 'failed') return undefined;
+    const s = this.actorNow().getSnapshot();
+    const e = s.value === 'failed' ? s.context.error : null;
+    return e ? new RankflowError(e.code as never, e.message, { rank: e.rank, state: 'failed', phase: e.phase }) : undefined;
+  }
+
+  /** The op in progress was started asynchronously (ISSUED), or one in flight was waited for (COMPLETED). */
+  inflight(event: Extract<RankEvent, { type: 'ISSUED' | 'COMPLETED' }>): void {
+    this.send(event);
+  }
+
   peerFailed(error: FailureInfo): void {
     if (this.actorNow().getSnapshot().status === 'active') this.send({ type: 'PEER_FAILED', error });
   }
@@ -198,7 +213,10 @@ export class RankRunner {
 
   /** One event into the machine; false when the machine did not take it. */
   private send(event: RankEvent): boolean {
-    const step = this.inspect ? undefined : this.steps.get(this.path)?.get(event.type);
+    // Guards read the context (an op running; ops in flight): steps are kept apart by whether an op
+    // runs, and neither used nor learnt while an op is in flight (its ISSUED / COMPLETED go to the actor).
+    const steps = this.op === null ? this.stepsIdle : this.stepsBusy;
+    const step = this.inspect || this.inflightAny ? undefined : steps.get(this.path)?.get(event.type);
     if (step) {
       const fromId = this.pathId;
       this.path = step.to;
@@ -218,7 +236,10 @@ export class RankRunner {
     if (snap === before) return false;
     const to = statePath(snap.value);
     const c = snap.context;
-    if (HOT.has(event.type) && c.error === before.context.error && to !== this.path) this.learn(event, before.context.seq, snap, to);
+    const quiet = (i: { gather: number; reduce: number; fetch: number }) => i.gather === 0 && i.reduce === 0 && i.fetch === 0;
+    if (HOT.has(event.type) && c.error === before.context.error && to !== this.path && quiet(before.context.inflight) && quiet(c.inflight))
+      this.learn(event, before.context, snap, to);
+    this.inflightAny = !quiet(c.inflight);
     const from = this.path;
     const fromId = this.pathId;
     this.path = to;
@@ -239,19 +260,20 @@ export class RankRunner {
       });
       return true;
     }
-    const op = c.op ?? (event.type === 'DONE' || event.type === 'FAILED' ? opOf(from) : undefined);
+    const op = c.op ?? (event.type === 'DONE' || event.type === 'FAILED' || event.type === 'COMPLETED' ? opOf(from) : undefined);
     this.record(fromId, this.pathId, this.log.id(event.type), op ? this.log.id(op) : -1, phases ? this.log.phases(phases) : -1);
     return true;
   }
 
   /** Remembers what the machine did with a hot event here, to replay it next time without the actor. */
-  private learn(event: RankEvent, seqBefore: number, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
-    const delta = snap.context.seq - seqBefore;
+  private learn(event: RankEvent, before: { seq: number; op: OpName | null }, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
+    const delta = snap.context.seq - before.seq;
     const seq = event.type === 'REPLAY' ? (delta === (event as { ops: number }).ops ? 'ops' : null) : delta;
     if (seq === null) return;
     const op = snap.context.op ?? (event.type === 'DONE' ? opOf(this.path) ?? null : null);
-    let here = this.steps.get(this.path);
-    if (!here) this.steps.set(this.path, (here = new Map()));
+    const steps = before.op === null ? this.stepsIdle : this.stepsBusy;
+    let here = steps.get(this.path);
+    if (!here) steps.set(this.path, (here = new Map()));
     here.set(event.type, { to, toValue: snap.value, toId: this.log.id(to), seq, op: snap.context.op, opId: op ? this.log.id(op) : -1 });
   }
 

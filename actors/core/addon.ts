@@ -83,6 +83,17 @@ export interface NativeContext {
   engramWrite(table: TensorArg, entries: number, rowBytes: number): void;
   engramFetch(ids: Int32Array, output: TensorArg): void;
   ppExchange(input: TensorArg, bytes: number, output: TensorArg): void;
+  // session tensors, views of the window, asynchronous ops (native/src/binding/inflight.cc)
+  /** a fresh session region for a tensor of `bytes` per rank; the window offset of my slot in it */
+  sessionTensor(bytes: number): number;
+  /** host: an ArrayBuffer over my window's bytes [offset, offset + bytes), detached at session close and destroy */
+  windowView(offset: number, bytes: number): ArrayBuffer;
+  /** starts a session allGather (size: bytes per rank) or reduceScatter (size: n per chunk): [op id, window offset of the result] */
+  sessionIssue(reduce: boolean, input: TensorArg, size: number, bf16: boolean): [number, number];
+  /** starts an engram fetch: [op id, device address of the rows (cuda) or 0n (host)] */
+  engramFetchIssue(ids: Int32Array): [number, bigint];
+  /** waits for an op in flight; a host fetch's rows (an ArrayBuffer that owns them), else undefined */
+  inflightWait(id: number): ArrayBuffer | undefined;
   // cuda: device memory, streams, events, graphs, baselines
   deviceAlloc(bytes: number): bigint;
   deviceFree(ptr: bigint): void;

@@ -75,7 +75,10 @@ export function checkTensor(name: string, t: unknown, opts: { dtypes?: readonly 
     });
   }
   if (!(data instanceof (ARRAY_OF[dtype] as unknown as typeof Uint8Array))) throw invalid(`${name}.data`, `must be a ${NAME_OF[dtype]} for dtype ${dtype}`);
-  if (data.length !== numel(shape)) throw invalid(`${name}.data`, `has ${data.length} elements, shape [${shape.join(', ')}] needs ${numel(shape)}`);
+  if (data.length !== numel(shape)) {
+    const gone = data.buffer.byteLength === 0 && numel(shape) > 0 ? ' (its memory is detached: a view of a closed AGRS session, or a transferred buffer)' : '';
+    throw invalid(`${name}.data`, `has ${data.length} elements, shape [${shape.join(', ')}] needs ${numel(shape)}${gone}`);
+  }
 }
 
 /** Checks a flat typed array argument (topkIdx, topkWeights, indices). */

@@ -72,3 +72,23 @@ export interface DeviceOptions {
    */
   out?: { x: DeviceTensor<'bf16'>; topkWeights: DeviceTensor<'fp32'> };
 }
+
+/** Rank programs: `{ async: true }` starts a session collective or an engram fetch and returns at once. */
+export interface AsyncOptions {
+  async?: boolean;
+}
+
+/**
+ * A session collective started with `{ async: true }`: `result` is a view of the session's buffer
+ * (the gathered `[W * n, ...]` region, or the reduceScatter's `[n, ...]` sums), valid once wait() has
+ * resolved and until the session closes. wait() resolves to it; wait once.
+ */
+export interface InFlightCollective<T> {
+  readonly result: T;
+  wait(): Promise<T>;
+}
+
+/** An engram fetch started with `{ async: true }`: other ops may run until wait(), which gives its rows (once). */
+export interface PendingFetch<T> {
+  wait(): Promise<T>;
+}

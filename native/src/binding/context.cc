@@ -68,6 +68,11 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::EngramWrite>("engramWrite"),
                          InstanceMethod<&ContextWrap::EngramFetch>("engramFetch"),
                          InstanceMethod<&ContextWrap::PpExchange>("ppExchange"),
+                         InstanceMethod<&ContextWrap::SessionTensor>("sessionTensor"),
+                         InstanceMethod<&ContextWrap::WindowView>("windowView"),
+                         InstanceMethod<&ContextWrap::SessionIssue>("sessionIssue"),
+                         InstanceMethod<&ContextWrap::EngramFetchIssue>("engramFetchIssue"),
+                         InstanceMethod<&ContextWrap::InflightWait>("inflightWait"),
                          InstanceMethod<&ContextWrap::DeviceAlloc>("deviceAlloc"),
                          InstanceMethod<&ContextWrap::DeviceFree>("deviceFree"),
                          InstanceMethod<&ContextWrap::DeviceUpload>("deviceUpload"),
@@ -278,6 +283,7 @@ Napi::Value ContextWrap::WritePeer(const Napi::CallbackInfo& info) {
 
 Napi::Value ContextWrap::Destroy(const Napi::CallbackInfo& info) {
   pending_.reset();
+  detach_views(info.Env());
   teardown();
   return info.Env().Undefined();
 }
@@ -499,6 +505,7 @@ Napi::Value ContextWrap::SessionClose(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
   guarded(env, [&] { ops::session_close(c); });
+  detach_views(env);  // the next session reuses the buffer: its views must not show that
   return env.Undefined();
 }
 

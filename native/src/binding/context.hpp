@@ -56,6 +56,15 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value EngramWrite(const Napi::CallbackInfo& info);
   Napi::Value EngramFetch(const Napi::CallbackInfo& info);
   Napi::Value PpExchange(const Napi::CallbackInfo& info);
+  // session tensors, views and asynchronous ops (inflight.cc)
+  Napi::Value SessionTensor(const Napi::CallbackInfo& info);
+  Napi::Value WindowView(const Napi::CallbackInfo& info);
+  Napi::Value SessionIssue(const Napi::CallbackInfo& info);
+  Napi::Value EngramFetchIssue(const Napi::CallbackInfo& info);
+  Napi::Value InflightWait(const Napi::CallbackInfo& info);
+  // Detaches every view of the buffer handed out (host: ArrayBuffers over the mapped window), so that
+  // nothing reads memory that is reused (session close) or unmapped (destroy).
+  void detach_views(Napi::Env env) noexcept;
   // cuda: device memory, streams, events, graphs, baselines
   Napi::Value DeviceAlloc(const Napi::CallbackInfo& info);
   Napi::Value DeviceFree(const Napi::CallbackInfo& info);
@@ -101,6 +110,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   double* scratch_f64_ = nullptr;
   uint64_t* scratch_u64_ = nullptr;
   std::unique_ptr<PendingDispatch> pending_;
+  std::vector<Napi::Reference<Napi::ArrayBuffer>> views_;  // weak: the views of the window handed out
+  size_t views_prune_at_ = 64;
   napi_env env_ = nullptr;
   bool cleanup_ran_ = false;
 };

@@ -66,6 +66,36 @@ struct CombineOutput {
   Mem topk_weights;             // [T * K] fp32
 };
 
+// Asynchronous ops (runtime/ops/inflight.cc: rank programs' { async: true } and in-place session
+// tensors). A backend issues one (its transfers and signals are started, or on cuda enqueued) and later
+// completes it (waits until its result is there); what it keeps in between lives in `state`.
+struct AsyncState {
+  virtual ~AsyncState() = default;
+};
+
+// An AGRS collective over one region of the session (buffer offset `at`). allGather: my `bytes` go to
+// my slot (at + rank * bytes) in every rank's region; `in` IS my slot when the input is in place (no
+// local copy). reduceScatter: chunk q of `in` (n elements, `bytes` each chunk) goes to rank q's region
+// at my slot; complete() leaves the fp32-accumulated sum at the start of my region.
+struct AgrsOp {
+  uint64_t seq = 0;
+  bool reduce = false;
+  Mem in;
+  int64_t bytes = 0;
+  int64_t n = 0;
+  bool bf16 = false;
+  int64_t at = 0;
+  std::unique_ptr<AsyncState> state;
+};
+
+// An engram fetch: rows `ids` (range-checked) into `out` (host: memory of the op; cuda: device memory).
+struct FetchOp {
+  std::vector<int32_t> ids;
+  int64_t entries = 0, row_bytes = 0;
+  Mem out;
+  std::unique_ptr<AsyncState> state;
+};
+
 // What info() reports of a backend.
 struct BackendInfo {
   const char* backend = "host";
@@ -126,6 +156,13 @@ class Backend {
   virtual void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) = 0;
   // pipeline: send to rank + 1, receive from rank - 1.
   virtual void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) = 0;
+
+  // ---- asynchronous ops (AgrsOp, FetchOp above): issue starts one, complete waits for it (once,
+  // in issue order or not); destroy() finishes or abandons what is still in flight ----
+  virtual void agrs_issue(AgrsOp& op) = 0;
+  virtual void agrs_complete(AgrsOp& op) = 0;
+  virtual void engram_fetch_issue(FetchOp& op) = 0;
+  virtual void engram_fetch_complete(FetchOp& op) = 0;
 
   // ---- device memory, streams, events, graphs, baselines (cuda; host refuses with EINVAL) ----
   virtual uint64_t device_alloc(int64_t bytes);

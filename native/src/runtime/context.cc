@@ -64,6 +64,7 @@ void Context::destroy() noexcept {
   last_use_.clear();
   if (backend_) backend_->destroy();
   backend_.reset();
+  inflight.clear();  // after the backend: nothing runs on the ops' memory any more
 }
 
 std::shared_ptr<DispatchLayout> Context::layout(uint32_t id) const {

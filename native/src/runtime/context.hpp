@@ -12,6 +12,7 @@
 #include "abort.hpp"
 #include "backend.hpp"
 #include "config.hpp"
+#include "inflight.hpp"
 #include "wait.hpp"
 
 namespace rankflow {
@@ -38,6 +39,7 @@ struct Session {
   int64_t max_all_gathers = 0;
   int64_t collectives = 0;     // collectives done in this session
   int64_t cursor = 0;          // next free byte of the session region (fresh region per collective)
+  std::vector<SessionRegion> regions;  // what each reserved region holds (runtime/inflight.hpp)
 };
 
 class Context {
@@ -64,6 +66,7 @@ class Context {
   std::map<uint32_t, std::shared_ptr<DispatchLayout>> layouts;
   uint32_t next_layout_id = 1;
   int64_t engram_entries = -1, engram_row_bytes = 0;
+  InFlight inflight;           // asynchronous ops not yet waited for (runtime/ops/inflight.cc)
   static constexpr size_t kMaxLiveHandles = 256;
 
   Backend& backend() const {

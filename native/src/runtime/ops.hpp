@@ -41,6 +41,24 @@ void session_all_gather(Context& c, Mem in, int64_t bytes, Mem out);
 // in: [W * n] fp32 or bf16; out[n] = sum over ranks of their rows [rank*n, (rank+1)*n), fp32 accumulation.
 void session_reduce_scatter(Context& c, Mem in, int64_t n, bool bf16, Mem out);
 
+// ---- session tensors and asynchronous ops (runtime/ops/inflight.cc; runtime/inflight.hpp) ----
+// Reserves a fresh region of `bytes` in the open session (one of its maxAllGathers), recording it;
+// slot_bytes > 0: the region of a session tensor of that many bytes per rank. Its buffer offset.
+int64_t session_reserve(Context& c, int64_t bytes, const char* op, int64_t slot_bytes = 0);
+// A session tensor of `bytes` per rank: a region of W * bytes; the buffer offset of my slot in it.
+int64_t session_tensor(Context& c, int64_t bytes);
+// STATE for an input that overlaps a session region a collective in flight still writes.
+void check_input_ready(Context& c, Mem in, int64_t bytes, const char* what);
+// Starts a session allGather (bytes per rank) or reduceScatter (n elements per chunk) of `in`: in
+// place, with no local copy, when `in` is my slot of a session tensor not gathered yet. Its id; the
+// buffer offset of its result in *result_at (allGather: the W parts; reduceScatter: the n sums).
+uint64_t session_issue(Context& c, bool reduce, Mem in, int64_t bytes_or_n, bool bf16, int64_t* result_at);
+// Starts an engram fetch of ids[n] (range-checked, copied); its id. The rows go to memory of the op
+// (host: InFlightOp::host_out) or, on cuda, to device memory whose address is put in *device_out.
+uint64_t engram_fetch_issue(Context& c, const int32_t* ids, int64_t n, uint64_t* device_out);
+// Waits for op `id` (STATE if it is not in flight: never issued, or waited for already); the op, done.
+std::unique_ptr<InFlightOp> inflight_wait(Context& c, uint64_t id);
+
 // engram: a table in the host segment, fetched by global row id (ids in host memory, range-checked).
 void engram_write(Context& c, Mem table, int64_t entries, int64_t row_bytes);
 void engram_fetch(Context& c, const int32_t* ids, int64_t n, Mem out);

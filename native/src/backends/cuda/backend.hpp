@@ -2,10 +2,11 @@
 // memory (the same kinds, windows and flat VA as the host backend), the kernels and their launcher,
 // one stream, the Control block and the dispatch counts' mirror in mapped host memory, the rank's
 // device memory pool, and one NCCL communicator (none where ranks of the process share the GPU:
-// NCCL refuses two ranks on one GPU). backend.cc: lifecycle, waits, device memory; collectives.cc:
+// NCCL refuses two ranks on one GPU). backend.cc: lifecycle; waits.cc: waits and Control; memory.cc: device memory; collectives.cc:
 // barrier, allGather, sessions, engram, pipeline; moe.cc: dispatch and combine; graph.cc: CUDA
 // graphs; bench.cc: baselines and benchmarks; interop.cc: the stream, context and events an
-// application's own GPU work uses beside the rank's, and checks of memory it hands over.
+// application's own GPU work uses beside the rank's, and checks of memory it hands over; async.cc:
+// asynchronous AGRS and engram fetches.
 #pragma once
 
 #include <cuda.h>
@@ -79,6 +80,12 @@ class CudaBackend final : public Backend {
   void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) override;
   void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
 
+  // async.cc
+  void agrs_issue(AgrsOp& op) override;
+  void agrs_complete(AgrsOp& op) override;
+  void engram_fetch_issue(FetchOp& op) override;
+  void engram_fetch_complete(FetchOp& op) override;
+
   // moe.cc
   void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
   void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;
@@ -151,6 +158,8 @@ class CudaBackend final : public Backend {
   void put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
            kargs::Ring ring, bool enter, Phase phase);
   void keep_for_graph(const CudaLayout& l);
+  // async.cc: an async op's end, recorded on the stream, waited for like the stream itself.
+  void wait_event(CUevent e, const WaitSite& site);
 
   Context& c_;
   int ordinal_ = -1;

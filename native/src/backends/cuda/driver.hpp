@@ -33,7 +33,7 @@ namespace rankflow::cuda {
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                        \
   X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)      \
   X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)                \
-  X(cuEventDestroy) X(cuPointerGetAttribute)                                                   \
+  X(cuEventDestroy) X(cuEventQuery) X(cuPointerGetAttribute)                                   \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyAsync)   \
   X(cuMemsetD8Async) X(cuMemsetD32Async)
 

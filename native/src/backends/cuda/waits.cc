@@ -86,6 +86,17 @@ void CudaBackend::wait_stream(const WaitSite& site) {
   });
 }
 
+// An async op's end (async.cc): its event, queried in the same loop.
+void CudaBackend::wait_event(CUevent e, const WaitSite& site) {
+  const Driver& d = driver();
+  wait_device(site, [&] {
+    const CUresult res = d.cuEventQuery(e);
+    if (res == CUDA_SUCCESS) return true;
+    if (res != CUDA_ERROR_NOT_READY) fail_stream(res);
+    return false;
+  });
+}
+
 // The barrier kernel writes the op's sequence number into Control.completed_seq at its end: a spin on
 // mapped host memory, no driver call, except every few hundred polls to see a fault early.
 void CudaBackend::wait_completed(uint64_t seq, const WaitSite& site) {

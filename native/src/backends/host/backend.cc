@@ -21,6 +21,11 @@ void HostBackend::import_peers(const std::vector<ExportedSegments>& peers, uint6
   barrier(seq, false, true);
 }
 
+void HostBackend::destroy() noexcept {
+  fetcher_.reset();  // runs the fetches still queued (they read the mapped segments), then joins
+  mem_.destroy();
+}
+
 BackendInfo HostBackend::info() const {
   BackendInfo i;
   i.backend = "host";

@@ -3,13 +3,15 @@
 // std::atomic-ordered stores into peers' workspaces, and every wait is the runtime's one wait (a
 // device phase's wait times out with TIMEOUT_GPU, a CPU-sync wait with TIMEOUT_CPU). Ops run on the
 // rank's own thread. backend.cc: lifecycle and the small collectives; moe.cc: dispatch and combine;
-// agrs.cc: sessions, engram and pipeline.
+// agrs.cc: sessions, engram and pipeline; async.cc: asynchronous AGRS and engram fetches (these on an
+// executor thread of the rank's own).
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "runtime/context.hpp"
+#include "runtime/executor.hpp"
 #include "signals.hpp"
 #include "symmetric.hpp"
 
@@ -40,7 +42,7 @@ class HostBackend final : public Backend {
   BackendInfo info() const override;
   void read_window(int64_t offset, int64_t len, uint8_t* out) override;
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
-  void destroy() noexcept override { mem_.destroy(); }
+  void destroy() noexcept override;
 
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
   void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
@@ -55,6 +57,10 @@ class HostBackend final : public Backend {
   void engram_write(uint64_t seq, Mem table, int64_t bytes) override;
   void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) override;
   void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
+  void agrs_issue(AgrsOp& op) override;
+  void agrs_complete(AgrsOp& op) override;
+  void engram_fetch_issue(FetchOp& op) override;
+  void engram_fetch_complete(FetchOp& op) override;
 
  private:
   int rank() const { return c_.rank(); }
@@ -78,6 +84,7 @@ class HostBackend final : public Backend {
 
   Context& c_;
   HostSymmetricMemory mem_;
+  std::unique_ptr<Executor> fetcher_;  // async engram fetches, made at the first one; stopped before mem_ goes
 };
 
 }  // namespace rankflow::host

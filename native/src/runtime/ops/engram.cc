@@ -6,6 +6,10 @@ namespace rankflow::ops {
 
 void engram_write(Context& c, Mem table, int64_t entries, int64_t row_bytes) {
   RF_CHECK(!c.session.open, "STATE", "engramWrite inside an AGRS session: close() the session first");
+  const int fetches = c.inflight.count(InFlightKind::Fetch);
+  RF_CHECK(fetches == 0, "STATE",
+           "engramWrite while " + std::to_string(fetches) +
+               " engram fetch(es) are in flight (they read the table it replaces): wait() for them first");
   RF_CHECK(entries >= 0 && row_bytes > 0, "EINVAL", "engramWrite: the table needs [entries, hidden] with hidden > 0");
   RF_CHECK(c.cpu_bytes > 0, "EINVAL",
            "engramWrite needs a host segment: create the group with buffer.cpuBytes >= " +
