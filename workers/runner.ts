@@ -72,7 +72,11 @@ interface Step {
   opId: number;
 }
 
-/** Events whose steps depend only on the state (no guard, no error): they may take the memoised path. */
+/**
+ * Events whose step, while no op is in flight, depends only on the state and on whether an op runs
+ * (the guards read nothing else; FAILED's read the error and always go to the actor): they may take
+ * the memoised path.
+ */
 const HOT = new Set<string>([
   'BARRIER', 'ALL_GATHER', 'DISPATCH', 'COMBINE', 'WAITING', 'DONE', 'REPLAY', 'ENGRAM_WRITE', 'ENGRAM_FETCH',
   'PP_EXCHANGE', 'SESSION_ALL_GATHER', 'SESSION_REDUCE_SCATTER',
@@ -83,8 +87,9 @@ const HOT = new Set<string>([
  * barrier's whole budget), so each hot (state, event) pair is sent to the actor once, and what the
  * machine did is memoised as a Step and replayed by the runner from then on, with the context's seq
  * and op kept here. The actor is brought up to date (a snapshot resolved from the state and context
- * here) before any other event: a refusal, a failure, a peer's failure, the lifecycle. With `inspect`
- * every event goes to the actor, so the inspection stream has them all.
+ * here) before any other event: a refusal, a failure, a peer's failure, the lifecycle, an op issued
+ * or completed asynchronously (and every event while one is in flight). With `inspect` every event
+ * goes to the actor, so the inspection stream has them all.
  */
 export class RankRunner {
   private actor: Actor<typeof rankMachine>;
