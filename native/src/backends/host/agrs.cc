@@ -79,8 +79,8 @@ void HostBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_
   RF_CHECK(!out.device, "EINVAL", "engramFetch output: device tensors need backend 'cuda'");
   for (int64_t i = 0; two_level() && i < n; ++i) {
     const int owner = int(id[i] / entries);
-    RF_CHECK(c_.nodes.same_node(owner), "BACKEND_UNAVAILABLE",
-             "engramFetch: indices[" + std::to_string(i) + "] (" + std::to_string(id[i]) + ") lives on rank " + std::to_string(owner) +
+    RF_CHECK(c_.nodes.same_node(owner), "EINVAL",
+             "indices[" + std::to_string(i) + "]: entry " + std::to_string(id[i]) + " lives on rank " + std::to_string(owner) +
                  ", on node " + std::to_string(c_.nodes.node_of(owner)) + ": reading another node's host segment is an RDMA read, " +
                  "which the host backend's scale-out leg does not do; fetch entries of this node's ranks (" +
                  std::to_string(c_.nodes.first_local() * entries) + " to " +
