@@ -142,3 +142,24 @@ describe.each(layouts)('a world of %s on simulated nodes', (_, l) => {
     combinedTraffic.forEach((t, g) => expect(t.out, `rank ${g}`).toBe(hops[g]! * (HIDDEN + TOPK) * 4));
   });
 });
+
+describe('a process of a world on simulated nodes that is killed', () => {
+  it('fails every other rank with RANK_FAILED naming its rank, long before any timeout, and the groups still tear down', async () => {
+    // 2 nodes x 2 ranks, a process per rank; rank 3 (node 1) dies between two rounds of dispatch +
+    // combine, while the others are in the next one. Timeouts are 60 s: only failure detection can
+    // end their waits in time: the rail connection's close (rank 3's rail peer, rank 1), the
+    // rendezvous' loss report (everyone).
+    const procs = await world({ nodes: 2, perNode: 2, procsPerNode: 2 }, { mode: 'loop', gpuSeconds: 60, cpuSeconds: 60 }, { rank: 3, round: 3 });
+    await Promise.all(procs.map((c) => c.next('ready', 60_000)));
+    expect(await procs[3]!.exited).toBe('SIGKILL');
+    for (const c of procs.slice(0, 3)) {
+      const m = await c.next('failed', 30_000);
+      expect(m.round).toBe(3);
+      expect(m.ms as number).toBeLessThan(15_000);
+      expect(m.error).toMatchObject({ code: 'RANK_FAILED', rank: 3, message: expect.stringMatching(/rank 3/) });
+      for (const s of m.snapshot as Array<{ state: string; error?: { code: string } }>) expect(s).toMatchObject({ state: 'failed', error: { code: 'RANK_FAILED' } });
+      expect((await c.next('done', 30_000)).states).toEqual(['destroyed']);
+    }
+    expect(await Promise.all(procs.slice(0, 3).map((c) => c.exited))).toEqual([0, 0, 0]);
+  });
+});
