@@ -449,7 +449,8 @@ export class Group extends EventEmitter<GroupEvents> {
    * Per local rank, what it has sent since the group was made: bytes into the windows of ranks of its
    * node (scale-up), bytes of payload over the scale-out leg to ranks of other nodes (its frames'
    * headers not counted), and the seconds its scale-out exchanges took. Read from counters the ranks
-   * keep in shared memory: current even while an op runs.
+   * keep in shared memory: current even while an op runs. Counted by the host backend; the cuda
+   * backend's kernels do not count yet (its ranks report 0).
    */
   traffic(): TrafficReport[] {
     return this.members.map((m, r) => ({
