@@ -295,6 +295,7 @@ export class Group extends EventEmitter<GroupEvents> {
   private watchWorld(rv: Rendezvous): void {
     this.rv = rv;
     rv.onPeerLost((lost) => {
+      if (this.destroying) return;  // the ranks are going: their proxies may be released already
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {
         const error = new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
         this.emit('failed', { rank: g, error });
@@ -403,7 +404,11 @@ export class Group extends EventEmitter<GroupEvents> {
       Atomics.store(w, ABORT.reasonBytes, reason.length);
       Atomics.store(w, ABORT.failedRank, failed + 1);
     }
-    void m.api.peerFailed(info).catch(() => {});
+    try {
+      void m.api.peerFailed(info).catch(() => {});
+    } catch {
+      // the rank's proxy is released (the group is being destroyed): its abort words said it all
+    }
   }
 
   /** The rank is being torn down: whatever it waits for, it stops waiting. */

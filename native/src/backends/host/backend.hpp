@@ -5,8 +5,8 @@
 // rank's own thread. backend.cc: lifecycle and the small collectives; moe.cc: dispatch and combine;
 // agrs.cc: sessions, engram and pipeline. In a world whose nodes share no memory (scale_out), each op
 // runs in two levels instead: inside the node as above, across nodes over the rank's rail
-// connections (rail.cc): two_level.cc (barrier, allGather, sessions, engram, pipeline) and
-// two_level_moe.cc (dispatch and combine).
+// connections (rail.cc, rail_connect.cc): two_level.cc (barrier, allGather, sessions, engram,
+// pipeline), two_level_moe.cc (dispatch) and two_level_combine.cc.
 #pragma once
 
 #include <memory>
@@ -123,7 +123,7 @@ class HostBackend final : public Backend {
   void two_level_reduce_scatter(uint64_t seq, const uint8_t* src, int64_t n, bool bf16, int64_t at, Mem out);
   void two_level_engram_write(uint64_t seq, const uint8_t* src, int64_t bytes);
   void two_level_pp_exchange(uint64_t seq, const uint8_t* src, int64_t bytes, uint8_t* out);
-  // two_level_moe.cc
+  // two_level_moe.cc, two_level_combine.cc
   void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in, const std::vector<int64_t>& expert_counts);
   void exchange_records(uint64_t seq, Phase phase, DispatchLayout& l, const DispatchInput& in, bool forward_counts);
   void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
