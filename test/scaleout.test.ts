@@ -81,7 +81,8 @@ describe.each(layouts)('a world of %s on simulated nodes', (_, l) => {
   const nodeOf = (g: number): number => Math.floor(g / R);
 
   it('forms with one rail per local index and runs every collective bit-identical to a one-node group', async () => {
-    const procs = await world(l, { mode: 'cases' });
+    // The 4-node world has a token: its rail key is keyed by it (without one, by the empty key).
+    const procs = await world(l, { mode: 'cases', ...(N === 4 ? { token: 'scaleout-test-token-0123456789abcdef' } : {}) });
     const ready = await Promise.all(procs.map((c) => c.next('ready', 60_000)));
     for (const m of ready) {
       expect(m.states).toEqual((m.globals as number[]).map(() => 'ready'));
@@ -161,5 +162,24 @@ describe('a process of a world on simulated nodes that is killed', () => {
       expect((await c.next('done', 30_000)).states).toEqual(['destroyed']);
     }
     expect(await Promise.all(procs.slice(0, 3).map((c) => c.exited))).toEqual([0, 0, 0]);
+  });
+});
+
+describe('ranks of a world on simulated nodes that replay different handles in one cached dispatch', () => {
+  it('are refused with EINVAL on every rank, and the next dispatch with one handle works', async () => {
+    const procs = await world({ nodes: 2, perNode: 2, procsPerNode: 1 }, {
+      mode: 'program', program: 'mixed-handles.mjs', args: { odd: 0, hidden: HIDDEN, topk: TOPK, experts: EXPERTS, tokens: 6 },
+    });
+    const out = (await Promise.all(procs.map((c) => c.next('program', 60_000)))).flatMap((m) => m.results as Array<Record<string, unknown>>);
+    // Rank 0 and its node peer see each other's enter; rank 0's rail peer (2) refuses its records;
+    // rank 3 learns from its forwarder of rank 0's tokens (2) that they were refused.
+    const why = [/^inputs\.handle: rank 1 replays another dispatch's handle than rank 0/, /^inputs\.handle: rank 0 replays another dispatch's handle than rank 1/,
+      /^inputs\.handle: rank 0 replays another dispatch's handle than rank 2 in dispatch #4/, /^inputs: the tokens of rank 0 were refused by its forwarder \(rank 2\) in dispatch #4/];
+    out.forEach((r, g) => {
+      expect(r.mixed, `rank ${g}`).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(why[g]!) });
+      expect(r.again, `rank ${g}`).toEqual(r.b);
+      expect((r.b as number[]).length).toBeGreaterThan(0);
+    });
+    for (const c of procs) expect((await c.next('done', 30_000)).states).toEqual(['destroyed', 'destroyed']);
   });
 });

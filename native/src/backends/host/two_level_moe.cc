@@ -248,6 +248,9 @@ void HostBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const
       signal(mem_.peer_window(p) + c_.ws.slot(c_.ws.done, s), seq, !same || !two.refused[size_t(f.node)].empty() ? 1 : 0);
     }
   }
+  // What this rank refused itself says most; then what a forwarder of this node refused for it.
+  for (int k = 0; k < nd.num_nodes && refused.empty(); ++k)
+    if (!two.refused[size_t(k)].empty()) refused = two.refused[size_t(k)], refused_rank = nd.rail_peer(k);
   for (int q = 0; q < world(); ++q) {
     if (q == rank()) continue;
     const uint64_t bad = wait_slot(my_slot(c_.ws.done, q), seq, WaitSite{kPhaseDispatchData, q, "done"}, WaitKind::Device);
@@ -258,8 +261,6 @@ void HostBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const
       refused_rank = q;
     }
   }
-  for (int k = 0; k < nd.num_nodes && refused.empty(); ++k)
-    if (!two.refused[size_t(k)].empty()) refused = two.refused[size_t(k)], refused_rank = nd.rail_peer(k);
   if (!refused.empty()) throw Error("EINVAL", refused, refused_rank);
   compact_dispatch(l, st, out, row);
 }
