@@ -6,7 +6,7 @@
 // (scaleout.ts).
 import { randomUUID } from 'node:crypto';
 
-import { RankflowError, invalid } from '../core/errors.js';
+import { invalid } from '../core/errors.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
