@@ -13,7 +13,7 @@ import { pathToFileURL } from 'node:url';
 import { config, PACKAGE_ROOT } from './core/config.js';
 import { RankflowError, invalid } from './core/errors.js';
 import { installErrorTransfer } from './core/comlink-errors.js';
-import { ABORT, loadAddon, type ExportedSegments } from './core/addon.js';
+import { ABORT, TRAFFIC, loadAddon, type ExportedSegments } from './core/addon.js';
 import { cudaDeviceCount, probeCuda, resolveBackend, type Backend } from './core/backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
 import {
@@ -21,7 +21,8 @@ import {
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './core/validate.js';
 import { engramSizeHint, sizeHint } from './core/hints.js';
-import { checkWorld, joinWorld, worldWaitMs, type WorldOptions } from './world/join.js';
+import { checkWorld, exchangeSegments, meetWorld, worldWaitMs, type WorldOptions } from './world/join.js';
+import { connectScaleOut } from './world/scaleout.js';
 import type { Rendezvous } from './world/rendezvous.js';
 import { rankMachine, type FailureInfo } from '../machines/index.js';
 import { describeMachine } from './observe/machine-graph.js';
@@ -59,6 +60,13 @@ export interface RankSnapshot {
   state: string;
   seq: number;
   error?: FailureInfo;
+}
+
+export interface TrafficReport {
+  rank: number;
+  scaleUpBytes: number;
+  scaleOutBytes: number;
+  scaleOutSeconds: number;
 }
 
 export interface GroupEvents {
@@ -104,6 +112,8 @@ interface Member {
   untilGone: Cuts;
   /** calls to end early with the rank's failure: collectives, whose rank programs may never notice it */
   untilFailed: Cuts;
+  /** the rank's traffic counters (TRAFFIC words, written by its native side) */
+  traffic: BigUint64Array;
 }
 
 /** The rejecters of calls in flight, to settle them early from outside. */
@@ -219,6 +229,19 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[] }): Promise<void> {
+    // A world meets first: its nodes (by world.nodeId) decide the ranks' domains. Processes must not
+    // share a GPU (their kernels time-slice: one waiting for a peer would crawl): each says which GPUs
+    // its ranks use, and the world refuses a GPU named by two processes of a node.
+    const waitMs = this.world ? worldWaitMs(this.opts.timeouts?.cpuSeconds) : 0;
+    const met = this.world ? await meetWorld(this.world, {
+      config: JSON.stringify({ ...this.buffer, ranksPerNode: this.opts.ranksPerNode, backend: this.backend }),
+      withHost: (this.buffer.cpuBytes ?? 0) > 0, timeoutMs: waitMs, localRanks: this.size, backend: this.backend,
+      gpus: this.backend === 'cuda' ? localGpuIds(this.size, this.rankOffset, t.devices) : [],
+      ...(this.opts.ranksPerNode !== undefined ? { ranksPerNode: this.opts.ranksPerNode } : {}),
+    }) : undefined;
+    if (met) this.watchWorld(met.rv);
+    const ranksPerNode = met?.nodes.ranksPerNode ?? t.ranksPerNode;
+    const scaleOut = (met?.nodes.count ?? 1) > 1;
     // Ranks of this process that share a GPU split its SMs between them, and make no NCCL
     // communicator: NCCL refuses two ranks on one GPU.
     const share = (d: number) => t.devices!.filter((e) => e === d).length;
@@ -226,17 +249,18 @@ export class Group extends EventEmitter<GroupEvents> {
     for (let r = 0; r < this.size; r++) {
       const abort = new SharedArrayBuffer(ABORT.bytes);
       const init: RankInit = {
-        rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
+        rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
-        backend: this.backend, abort,
+        backend: this.backend, abort, traffic: new SharedArrayBuffer(TRAFFIC.bytes),
         tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
         ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
+        ...(scaleOut ? { scaleOut } : {}),
       };
       this.members.push(this.spawn(r, init));
     }
     const exported = await Promise.all(this.members.map((m, r) => this.call(r, () => m.api.exported())));
     this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
-    if (!this.world) {
+    if (!this.world || !met) {
       const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
       if (this.backend === 'cuda') {
         // One NCCL communicator per rank: rank 0 makes the unique id, every rank joins with it together.
@@ -246,12 +270,33 @@ export class Group extends EventEmitter<GroupEvents> {
       await this.all((api) => api.register(peers));
       return;
     }
-    // Processes must not share a GPU (their kernels time-slice: one waiting for a peer would crawl):
-    // each says which GPUs its ranks use, and the world refuses a GPU named by two processes.
-    const gpus = this.backend === 'cuda' ? localGpuIds(this.size, this.rankOffset, t.devices) : [];
-    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), worldWaitMs(this.opts.timeouts?.cpuSeconds), gpus);
-    this.rv = joined.rv;
-    joined.rv.onPeerLost((lost) => {
+    const joined = await exchangeSegments(met, this.world, exported, waitMs);
+    try {
+      if (this.backend === 'cuda') {
+        // NCCL's unique id travels from global rank 0's process through the rendezvous.
+        const mine = this.rankOffset === 0 ? await this.call(0, () => this.members[0]!.api.ncclUniqueId()) : null;
+        const ids = await joined.rv.exchange(mine ? Array.from(mine) : null);
+        const root = ids[0] as number[] | null;
+        if (root) await this.all((api) => api.ncclInit(Uint8Array.from(root)));
+      }
+      if (scaleOut) {
+        await connectScaleOut({
+          rv: joined.rv, localRanks: this.size, ...(this.world.token !== undefined ? { token: this.world.token } : {}),
+          listen: (r, host) => this.call(r, () => this.members[r]!.api.scaleoutListen(host)),
+          connect: (r, ends, key) => this.call(r, () => cutShort(this.members[r]!.api.scaleoutConnect(ends, key, waitMs), [this.members[r]!.untilFailed])),
+        });
+      }
+      await this.all((api) => api.register(joined.peers));
+    } finally {
+      loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)
+    }
+  }
+
+  /** The world's connections report lost processes and the failures of other processes' ranks. */
+  private watchWorld(rv: Rendezvous): void {
+    this.rv = rv;
+    rv.onPeerLost((lost) => {
+      if (this.destroying) return;  // the ranks are going: their proxies may be released already
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {
         const error = new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
         this.emit('failed', { rank: g, error });
@@ -261,7 +306,7 @@ export class Group extends EventEmitter<GroupEvents> {
     });
     // A rank of another process failed while its process lives on (a timeout, a terminated worker):
     // fail the local ranks as the origin's local peers are failed (markFailed).
-    joined.rv.onRankFailed((f) => {
+    rv.onRankFailed((f) => {
       if (this.destroying) return;
       const error = new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase });
       this.emit('failed', { rank: f.rank, error });
@@ -271,18 +316,6 @@ export class Group extends EventEmitter<GroupEvents> {
         if (!peer.exited && peer.state !== 'destroyed') this.tellPeerFailed(m, f.rank, info);
       });
     });
-    try {
-      if (this.backend === 'cuda') {
-        // NCCL's unique id travels from global rank 0's process through the rendezvous.
-        const mine = this.rankOffset === 0 ? await this.call(0, () => this.members[0]!.api.ncclUniqueId()) : null;
-        const ids = await joined.rv.exchange(mine ? Array.from(mine) : null);
-        const root = ids[0] as number[] | null;
-        if (root) await this.all((api) => api.ncclInit(Uint8Array.from(root)));
-      }
-      await this.all((api) => api.register(joined.peers));
-    } finally {
-      loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)
-    }
   }
 
   private spawn(local: number, init: RankInit): Member {
@@ -310,7 +343,10 @@ export class Group extends EventEmitter<GroupEvents> {
       worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
     });
     gone.catch(() => {});
-    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed };
+    return {
+      worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed,
+      traffic: new BigUint64Array(init.traffic ?? new SharedArrayBuffer(TRAFFIC.bytes)),
+    };
   }
 
   private readonly decoders = new Map<number, TransitionDecoder>();
@@ -373,7 +409,11 @@ export class Group extends EventEmitter<GroupEvents> {
       Atomics.store(w, ABORT.reasonBytes, reason.length);
       Atomics.store(w, ABORT.failedRank, failed + 1);
     }
-    void m.api.peerFailed(info).catch(() => {});
+    try {
+      void m.api.peerFailed(info).catch(() => {});
+    } catch {
+      // the rank's proxy is released (the group is being destroyed): its abort words said it all
+    }
   }
 
   /** The rank is being torn down: whatever it waits for, it stops waiting. */
@@ -413,6 +453,22 @@ export class Group extends EventEmitter<GroupEvents> {
     const p = this.queue.then(run, run);
     this.queue = p.then(() => {}, () => {});  // not p.catch(): that would keep the last result alive
     return p;
+  }
+
+  /**
+   * Per local rank, what it has sent since the group was made: bytes into the windows of ranks of its
+   * node (scale-up), bytes of payload over the scale-out leg to ranks of other nodes (its frames'
+   * headers not counted), and the seconds its scale-out exchanges took. Read from counters the ranks
+   * keep in shared memory: current even while an op runs. Counted by the host backend; the cuda
+   * backend's kernels do not count yet (its ranks report 0).
+   */
+  traffic(): TrafficReport[] {
+    return this.members.map((m, r) => ({
+      rank: this.rankOffset + r,
+      scaleUpBytes: Number(Atomics.load(m.traffic, TRAFFIC.scaleUpBytes)),
+      scaleOutBytes: Number(Atomics.load(m.traffic, TRAFFIC.scaleOutBytes)),
+      scaleOutSeconds: Number(Atomics.load(m.traffic, TRAFFIC.scaleOutNs)) / 1e9,
+    }));
   }
 
   snapshot(): RankSnapshot[] {

@@ -1,6 +1,6 @@
 // rankflow's public API (API.md): groups of ranks, host tensors, errors and size hints.
 export { createGroup, Group, RankHandle, Session } from './group.js';
-export type { GroupOptions, GroupEvents, RankSnapshot, TransitionEvent } from './group.js';
+export type { GroupOptions, GroupEvents, RankSnapshot, TrafficReport, TransitionEvent } from './group.js';
 export { RankflowError } from './core/errors.js';
 export type { RankflowErrorCode } from './core/errors.js';
 export { sizeHint, sessionSizeHint, engramSizeHint, ppSizeHint } from './core/hints.js';

@@ -80,6 +80,7 @@ enum Phase : uint64_t {
   kPhaseNone = 0, kPhaseBarrier, kPhaseCpuBarrier, kPhaseEnter, kPhaseNotify, kPhaseDispatchData,
   kPhaseCombineData, kPhaseAllGather, kPhaseSessionOpen, kPhaseSessionClose, kPhaseSessionGather,
   kPhaseSessionReduce, kPhasePipeline, kPhaseEngram,
+  kPhaseScaleoutConnect,  // forming the scale-out connections (runtime/scaleout.hpp)
 };
 
 // What a device wait that gave up leaves behind for the host.

@@ -130,14 +130,33 @@ describe('how long a process waits for its world', () => {
 });
 
 describe('processes that name different nodes', () => {
-  it('are refused with BACKEND_UNAVAILABLE: the scale-out transport is not built yet', async () => {
+  // They form a world whose nodes share no memory (test/scaleout.test.ts runs its collectives); the
+  // nodes it can have are checked here.
+  it('form a two-level world: the ranks\' domains are the nodes', async () => {
     const url = `tcp://127.0.0.1:${await freePort()}`;
     const a = forkFixture('world-child', { url, worldSize: 2, rankOffset: 0, ranks: 1, nodeId: 'node-a' });
     const b = forkFixture('world-child', { url, worldSize: 2, rankOffset: 1, ranks: 1, nodeId: 'node-b' });
     children.push(a, b);
-    for (const e of await Promise.all([a.next('error', 30_000), b.next('error', 30_000)]))
-      expect(e).toMatchObject({ code: 'BACKEND_UNAVAILABLE', message: expect.stringMatching(/are on node node-[ab] .* this process on node node-[ab] .*scale-out transport, which is not built yet/) });
+    await Promise.all([a.next('ready', 30_000), b.next('ready', 30_000)]);
+    for (const c of [a, b]) expect((await c.next('done', 30_000)).states).toEqual(['destroyed']);
     expect(await Promise.all([a.exited, b.exited])).toEqual([0, 0]);
+  });
+
+  it.each([
+    ['a node whose ranks are not consecutive', [['a', 1], ['b', 1], ['a', 1], ['b', 1]], /^world\.nodeId: node "a" holds rank 0 and rank 2 with ranks of another node between them: the ranks of a node must be consecutive/],
+    ['nodes of different sizes', [['a', 2], ['a', 1], ['b', 1]], /^world\.nodeId: node "a" holds 3 ranks and node "b" 1: every node of a world that spans nodes must hold the same number of ranks/],
+  ])('are refused with EINVAL in every process for %s', async (_, layout, message) => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const worldSize = (layout as Array<[string, number]>).reduce((n, [, r]) => n + r, 0);
+    let offset = 0;
+    const procs = (layout as Array<[string, number]>).map(([node, ranks]) => {
+      const c = forkFixture('world-child', { url, worldSize, rankOffset: offset, ranks, nodeId: node });
+      offset += ranks;
+      return c;
+    });
+    children.push(...procs);
+    for (const e of await Promise.all(procs.map((c) => c.next('error', 30_000)))) expect(e).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
+    expect(await Promise.all(procs.map((c) => c.exited))).toEqual(procs.map(() => 0));
   });
 });
 

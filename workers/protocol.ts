@@ -19,6 +19,10 @@ export interface RankInit {
   nccl?: boolean;
   /** the abort words' SharedArrayBuffer (ABORT.bytes): the main thread raises a peer's failure there */
   abort: SharedArrayBuffer;
+  /** the traffic counters' SharedArrayBuffer (TRAFFIC.bytes): the rank counts what it sends, group.traffic() reads it */
+  traffic?: SharedArrayBuffer;
+  /** the world spans nodes that share no memory: the rank's ops run in two levels */
+  scaleOut?: boolean;
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */
   tuning: { ceMinBytes: number; cooperative: boolean; ncclHome?: string };
 }

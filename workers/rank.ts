@@ -32,6 +32,7 @@ const native = new addon.Context({
   rank: init.rank,
   worldSize: init.worldSize,
   ranksPerNode: init.ranksPerNode,
+  ...(init.scaleOut ? { scaleOut: true } : {}),
   ...init.buffer,
   cpuSeconds: init.cpuSeconds,
   gpuSeconds: init.gpuSeconds,
@@ -39,6 +40,8 @@ const native = new addon.Context({
   cooperative: init.tuning.cooperative,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
 }, new Int32Array(init.abort));
+
+if (init.traffic) native.trafficWords(new BigUint64Array(init.traffic));
 
 const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds }, port, init.inspect);
 const ops = new RankOps(init, native, runner);
@@ -63,6 +66,13 @@ const api = {
   },
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
     ops.register(peers);
+  },
+  /** A world that spans nodes: the rank's scale-out listener, then its connections (before register). */
+  scaleoutListen(host: string): number {
+    return native.scaleoutListen(host);
+  },
+  scaleoutConnect(endpoints: Array<{ host: string; port: number }>, key: Uint8Array, timeoutMs: number): void {
+    native.scaleoutConnect(endpoints, key, timeoutMs);
   },
   /** A peer is gone (the main thread already raised the abort words): the machine records it. */
   peerFailed(error: FailureInfo): void {

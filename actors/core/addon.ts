@@ -41,6 +41,9 @@ export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, addresses: 8, tok
 /** Words of the abort array the main thread writes (native/src/runtime/abort.hpp). */
 export const ABORT = { failedRank: 0, stopping: 1, reasonBytes: 2, words: 4, maxReason: 1024, bytes: 8192 } as const;
 
+/** Words of a rank's traffic counters (native/src/runtime/scaleout.hpp Traffic): u64, read with Atomics.load. */
+export const TRAFFIC = { scaleUpBytes: 0, scaleOutBytes: 1, scaleOutNs: 2, words: 4, bytes: 32 } as const;
+
 /** Host outputs of a dispatch (mode DISPATCH_HOST). */
 export interface NativeDispatchOutputs {
   x: Uint8Array | Uint16Array;
@@ -122,6 +125,11 @@ export interface NativeContext {
   cudaContext(): bigint;
   eventWait(event: bigint): void;
   deviceCheck(ptr: bigint, bytes: number): void;
+  /** scale-out: this rank's listener on `host` (its port), then its authenticated connections to its rail peers */
+  scaleoutListen(host: string): number;
+  scaleoutConnect(endpoints: Array<{ host: string; port: number }>, key: Uint8Array, timeoutMs: number): void;
+  /** where the rank counts the bytes it sends (TRAFFIC words) */
+  trafficWords(words: BigUint64Array): void;
 }
 
 export interface EpLayout {
@@ -140,6 +148,8 @@ export interface Addon {
   fdServe(socketPath: string, fds: number[], clients: number[], timeoutMs: number): Promise<void>;
   fdFetch(socketPath: string, timeoutMs: number, serverPid?: number): Promise<number[]>;
   closeFds(fds: number[]): void;
+  /** The scale-out handshake's HMAC-SHA256 (tests check it against node:crypto). */
+  hmacSha256(key: Uint8Array, message: Uint8Array): Uint8Array;
 }
 
 let addon: Addon | undefined;

@@ -1,16 +1,19 @@
 // A group spread over several processes (API.md "More than one process"): the processes meet at a
-// TCP rendezvous (authenticated by the world's token), check that they describe the same world,
-// and hand each other the fds of their ranks' symmetric segments over Unix sockets (SCM_RIGHTS;
-// served only to the pids of the world's table), so every rank can map every peer.
+// TCP rendezvous (authenticated by the world's token), check that they describe the same world, find
+// its nodes (topology.ts), and the processes of each node hand each other the fds of their ranks'
+// symmetric segments over Unix sockets (SCM_RIGHTS; served only to the pids of the node's processes),
+// so every rank maps every peer of its node. Across nodes the ranks talk over the scale-out leg
+// (scaleout.ts).
 import { randomUUID } from 'node:crypto';
 
-import { RankflowError, invalid } from '../core/errors.js';
+import { invalid } from '../core/errors.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
 import { hostId } from './host-id.js';
 import { isText } from './protocol.js';
 import { nodeIdProblem, parseRendezvousUrl, rendezvous, type Rendezvous, type RendezvousPeer } from './rendezvous.js';
+import { scaleOutProblem, worldNodes, type WorldNodes } from './topology.js';
 
 export interface WorldOptions {
   /** ranks in the whole world, over all processes */
@@ -62,8 +65,18 @@ export function worldWaitMs(cpuSeconds: number | undefined): number {
   return env.rendezvousSeconds * 1000;
 }
 
+/** A world whose processes met: the rendezvous, the checked table, and the nodes found in it. */
+export interface MetWorld {
+  rv: Rendezvous;
+  nodes: WorldNodes;
+  /** the node of this process */
+  node: number;
+  withHost: boolean;
+  fdSocket: string;
+}
+
 export interface JoinedWorld {
-  /** every rank's segments, in global rank order, as fds valid in this process */
+  /** every rank's segments, in global rank order, as fds valid in this process; -1 for ranks of other nodes */
   peers: Array<{ deviceFd: number; hostFd: number }>;
   /** fds received from other processes: close them once the local ranks have mapped them */
   received: number[];
@@ -84,37 +97,64 @@ function payloadOf(p: RendezvousPeer): Payload {
   return { fdSocket, config, withHost, gpus: gpus as string[] };
 }
 
-/** gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes may share one. */
-export async function joinWorld(w: WorldOptions, local: ExportedSegments[], config: string, timeoutMs: number, gpus: string[] = []): Promise<JoinedWorld> {
-  const addon = loadAddon();
-  const withHost = local.some((e) => e.hostFd >= 0);
-  const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config, withHost, gpus };
+/**
+ * Meets the other processes of the world (before this process's ranks start: their domains depend on
+ * the nodes found). config: what must be equal in every process; withHost: the ranks export host
+ * segments; gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes of a node
+ * may share one. ranksPerNode: createGroup's, where the caller gave it.
+ */
+export async function meetWorld(
+  w: WorldOptions, opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; backend: 'host' | 'cuda'; localRanks: number },
+): Promise<MetWorld> {
+  const gpus = opts.gpus ?? [];
+  const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config: opts.config, withHost: opts.withHost, gpus };
   const rv = await rendezvous({
-    url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: local.length, payload: { ...payload }, timeoutMs,
+    url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: opts.localRanks, payload: { ...payload }, timeoutMs: opts.timeoutMs,
     ...(w.token !== undefined ? { token: w.token } : {}), ...(w.nodeId !== undefined ? { nodeId: w.nodeId } : {}),
   });
-  const received: number[] = [];
   try {
     const me = rv.peers[rv.self]!;
     for (const p of rv.peers) {
       const theirs = payloadOf(p);
-      if (theirs.config !== config)
-        throw invalid('buffer', `differs between processes: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) use ${theirs.config}, this process ${config}`);
+      if (theirs.config !== opts.config)
+        throw invalid('buffer', `differs between processes: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) use ${theirs.config}, this process ${opts.config}`);
       const shared = p === me ? [] : theirs.gpus.filter((g) => gpus.includes(g));
       if (shared.length > 0 && p.hostId === me.hostId)
         throw invalid('devices', `GPU ${shared[0]} is used by this process and by ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) of another: ` +
           'processes must not share a GPU (kernels of different processes time-slice, so one waiting for a peer would crawl); ' +
           'give each process its own GPUs (CUDA_VISIBLE_DEVICES or devices), or share a GPU between the ranks of one process');
-      // Until the scale-out transport exists, every process of a world shares memory with every other.
-      if (p.hostId !== me.hostId || p.nodeId !== me.nodeId)
-        throw new RankflowError('BACKEND_UNAVAILABLE', `ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) are on node ${p.nodeId} (host ${p.hostId}), this process on node ${me.nodeId} (host ${me.hostId}): processes on different nodes or hosts would talk over the scale-out transport, which is not built yet; run every process of the world on one host with one nodeId`);
+      // Processes of one node share memory (fds over Unix sockets): they must be on one host.
+      if (p.nodeId === me.nodeId && p.hostId !== me.hostId)
+        throw invalid('world.nodeId', `ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) name this process's node ${JSON.stringify(me.nodeId)} but run on host ${p.hostId}, this process on ${me.hostId}: ` +
+          "a node's processes share memory, so they must be on one host; give each host its own world.nodeId");
     }
+    const nodes = worldNodes(rv.peers, w.size, opts.ranksPerNode);
+    const refused = scaleOutProblem(nodes, opts.backend);
+    if (refused) throw refused;
+    return { rv, nodes, node: nodes.ofProcess[rv.self]!, withHost: opts.withHost, fdSocket: payload.fdSocket };
+  } catch (e) {
+    await rv.close();
+    throw e;
+  }
+}
+
+/**
+ * Hands this process's ranks' segments to the other processes of its node and maps theirs (fds over
+ * Unix sockets, served only to the pids of the node's processes). Ranks of other nodes share no memory:
+ * their entries are -1. On failure the rendezvous stays open (the caller closes it).
+ */
+export async function exchangeSegments(met: MetWorld, w: WorldOptions, local: ExportedSegments[], timeoutMs: number): Promise<JoinedWorld> {
+  const addon = loadAddon();
+  const { rv, withHost } = met;
+  const received: number[] = [];
+  try {
     const mine = [...local.map((e) => e.deviceFd), ...(withHost ? local.map((e) => e.hostFd) : [])];
-    const others = rv.peers.filter((_, i) => i !== rv.self);
-    // Only the world's processes may fetch (the socket's abstract name is visible to every local process).
-    const serving = others.length > 0 ? addon.fdServe(payload.fdSocket, mine, others.map((p) => p.pid), timeoutMs) : Promise.resolve();
+    if (mine.some((fd) => fd < 0)) throw invalid('buffer', 'a rank of this process exported no segment');
+    const others = rv.peers.filter((_, i) => i !== rv.self && met.nodes.ofProcess[i] === met.node);
+    // Only the node's processes may fetch (the socket's abstract name is visible to every local process).
+    const serving = others.length > 0 ? addon.fdServe(met.fdSocket, mine, others.map((p) => p.pid), timeoutMs) : Promise.resolve();
     serving.catch(() => {});
-    const peers: JoinedWorld['peers'] = new Array(w.size);
+    const peers: JoinedWorld['peers'] = Array.from({ length: w.size }, () => ({ deviceFd: -1, hostFd: -1 }));
     local.forEach((e, i) => { peers[w.rankOffset + i] = { deviceFd: e.deviceFd, hostFd: e.hostFd }; });
     // One at a time: each fetch holds a libuv pool thread while it waits for its server.
     for (const p of others) {
@@ -128,7 +168,6 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
     return { peers, received, rv };
   } catch (e) {
     addon.closeFds(received);
-    await rv.close();
     throw e;
   }
 }

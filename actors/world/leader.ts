@@ -194,7 +194,7 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
       broadcast({ t: 'table', peers });
       closeServer('the world formed without it');
       const channels = entries.map(([ch]) => (ch === 'self' ? undefined : ch));
-      resolve(new LeaderSession(peers, channels, timeoutMs, where));
+      resolve(new LeaderSession(peers, channels, timeoutMs, where, address));
     };
     // A world of one process (localRanks == worldSize) is complete before anyone connects.
     maybeFinish();

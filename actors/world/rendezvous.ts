@@ -83,6 +83,13 @@ export interface Rendezvous {
   /** Index of this process in `peers`. */
   readonly self: number;
   /**
+   * The address this process reaches the world at: a follower's end of its rendezvous connection,
+   * the leader's listening address (possibly a wildcard, '0.0.0.0' or '::'). The scale-out leg listens there.
+   */
+  readonly localAddress: string;
+  /** The leader's address as this process reached it (the leader: its listening address). */
+  readonly leaderAddress: string;
+  /**
    * All-gather: every process calls it with its value, in the same order; resolves with the
    * values of all processes in `peers` order. Values cross as JSON (undefined becomes null), at
    * most exchangeLimit(peers.length) bytes each (session.ts; ~64 KiB in a world of 64).

@@ -27,6 +27,8 @@ interface PendingExchange {
 }
 
 abstract class Session implements Rendezvous {
+  abstract readonly localAddress: string;
+  abstract readonly leaderAddress: string;
   protected seq = 0;
   protected closed = false;
   protected readonly lost = new Map<number, PeerLost>();
@@ -114,13 +116,17 @@ export class LeaderSession extends Session {
   private readonly pending = new Map<number, PendingExchange>();
   private readonly goodbyes = new Set<number>();
 
+  readonly leaderAddress: string;
+
   constructor(
     peers: RendezvousPeer[],
     private readonly channels: (Channel | undefined)[],
     timeoutMs: number,
     where: string,
+    readonly localAddress: string,
   ) {
     super(peers, channels.indexOf(undefined), timeoutMs, where);
+    this.leaderAddress = localAddress;
     channels.forEach((ch, index) => {
       if (ch === undefined) return;
       ch.keepAlive();
@@ -234,6 +240,8 @@ export class LeaderSession extends Session {
 export class FollowerSession extends Session {
   private readonly pending = new Map<number, NonNullable<PendingExchange['settle']>>();
   private leaderLeft = false;
+  readonly localAddress: string;
+  readonly leaderAddress: string;
 
   constructor(
     peers: RendezvousPeer[],
@@ -248,6 +256,8 @@ export class FollowerSession extends Session {
       timeoutMs,
       where,
     );
+    this.localAddress = channel.socket.localAddress ?? '';
+    this.leaderAddress = channel.socket.remoteAddress ?? '';
     channel.keepAlive();
     const leader = 0;
     channel.listen(

@@ -24,6 +24,7 @@ ContextConfig config_from(const Napi::Object& o) {
   c.world_size = int(int_prop(o, "worldSize", 1, 1, kMaxRanks));
   c.rank = int(int_prop(o, "rank", 0, 0, c.world_size - 1));
   c.ranks_per_node = int(int_prop(o, "ranksPerNode", 0, 0, kMaxRanks));
+  c.scale_out = bool_prop(o, "scaleOut", false);
   c.ep.world_size = c.world_size;
   c.ep.max_tokens_per_rank = int_prop(o, "maxTokensPerRank", 0, 0, int64_t(1) << 31);
   c.ep.hidden = int_prop(o, "hidden", 0, 0, int64_t(1) << 24);
@@ -96,6 +97,10 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::CudaContext>("cudaContext"),
                          InstanceMethod<&ContextWrap::EventWait>("eventWait"),
                          InstanceMethod<&ContextWrap::DeviceCheck>("deviceCheck"),
+                         // scaleout.cc
+                         InstanceMethod<&ContextWrap::ScaleoutListen>("scaleoutListen"),
+                         InstanceMethod<&ContextWrap::ScaleoutConnect>("scaleoutConnect"),
+                         InstanceMethod<&ContextWrap::TrafficWords>("trafficWords"),
                      });
 }
 
@@ -153,6 +158,7 @@ void ContextWrap::OnEnvCleanup(void* arg) {
   self->abort_words_.SuppressDestruct();
   self->scratch_.SuppressDestruct();
   self->slow_wait_.SuppressDestruct();
+  self->traffic_words_.SuppressDestruct();
 }
 
 void ContextWrap::teardown() noexcept {

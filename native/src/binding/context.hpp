@@ -90,6 +90,10 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value CudaContext(const Napi::CallbackInfo& info);
   Napi::Value EventWait(const Napi::CallbackInfo& info);
   Napi::Value DeviceCheck(const Napi::CallbackInfo& info);
+  // scale-out (scaleout.cc)
+  Napi::Value ScaleoutListen(const Napi::CallbackInfo& info);
+  Napi::Value ScaleoutConnect(const Napi::CallbackInfo& info);
+  Napi::Value TrafficWords(const Napi::CallbackInfo& info);
 
   // The dispatch whose CPU-sync wait is pending, with its inputs kept alive.
   struct PendingDispatch {
@@ -107,6 +111,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Reference<Napi::Value> abort_words_;  // the SharedArrayBuffer view the Abort words live in
   Napi::Reference<Napi::ArrayBuffer> scratch_;
   Napi::FunctionReference slow_wait_;  // JS: post the rank's pending reports (a wait is slow)
+  Napi::Reference<Napi::Value> traffic_words_;  // the SharedArrayBuffer view the Traffic words live in
   double* scratch_f64_ = nullptr;
   uint64_t* scratch_u64_ = nullptr;
   std::unique_ptr<PendingDispatch> pending_;

@@ -17,6 +17,7 @@
 #include "errors.hpp"
 #include "memory_kind.hpp"
 #include "protocol.hpp"
+#include "scaleout.hpp"
 
 namespace rankflow {
 
@@ -163,6 +164,11 @@ class Backend {
   virtual void agrs_complete(AgrsOp& op) = 0;
   virtual void engram_fetch_issue(FetchOp& op) = 0;
   virtual void engram_fetch_complete(FetchOp& op) = 0;
+  // ---- scale-out: worlds whose nodes share no memory (ContextConfig::scale_out) ----
+  // Opens this rank's scale-out listener on `host` (port 0: any); the port. Then connect() makes and
+  // authenticates its connections to its rail peers, before import_peers. Default: BACKEND_UNAVAILABLE.
+  virtual int scaleout_listen(const std::string& host);
+  virtual void scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s);
 
   // ---- device memory, streams, events, graphs, baselines (cuda; host refuses with EINVAL) ----
   virtual uint64_t device_alloc(int64_t bytes);

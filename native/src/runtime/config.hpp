@@ -21,6 +21,7 @@ struct ContextConfig {
   int rank = 0;
   int world_size = 1;
   int ranks_per_node = 0;   // physical NVLink (scale-up) domain size; 0 = the whole world
+  bool scale_out = false;   // the nodes (blocks of ranks_per_node) share no memory: two-level ops (scaleout.hpp)
   EpConfig ep;
   int64_t num_bytes = 0;    // symmetric bytes (workspace + buffer); 0 = size_hint(ep)
   int64_t cpu_bytes = 0;    // host segment per rank

@@ -36,6 +36,13 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
   RF_CHECK(c.ep.world_size == c.world_size, "EINVAL", "ep config names another world size");
   if (abort_words != nullptr) abort.attach(abort_words);
   dom = Domains::make(c.rank, c.world_size, c.ranks_per_node, c.hybrid);
+  if (c.scale_out && dom.num_rdma_ranks > 1) {
+    // Nodes that share no memory: the scale-up domain is the node, whatever `hybrid` says.
+    dom = Domains::make(c.rank, c.world_size, c.ranks_per_node, true);
+    nodes = Nodes{dom.num_rdma_ranks, dom.num_nvl_ranks, dom.rdma_rank_idx, dom.nvl_rank_idx};
+  } else {
+    nodes = Nodes{1, c.world_size, 0, c.rank};
+  }
   ws = WorkspaceLayout::make(c.world_size, int32_t(c.ep.num_experts / c.world_size));
   buf = BufferLayout::make(c.ep);
   sym_bytes = c.num_bytes > 0 ? align_up(c.num_bytes, kAlignment) : size_hint(c.ep);
@@ -49,6 +56,10 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
   rules.cpu_timeout_s = c.cpu_timeout_s;
   rules.gpu_timeout_s = c.gpu_timeout_s;
   if (c.backend == BackendKind::Cuda) {
+    // backends/cuda/scaleout.hpp: the NCCL leg is compiled, the node-local kernels are not written.
+    RF_CHECK(!nodes.two_level(), "BACKEND_UNAVAILABLE",
+             "backend 'cuda' cannot run a world whose nodes share no memory yet (its scale-out leg is not built); "
+             "use backend 'host' across nodes, or one node");
     RF_CHECK(g_cuda_factory != nullptr, "BACKEND_UNAVAILABLE",
              "backend 'cuda' is unavailable: this build of the addon has no CUDA backend (cuda.h was not found "
              "at build time; set CUDA_HOME and reinstall: npm rebuild rankflow)");
@@ -97,6 +108,12 @@ namespace {
 }
 }  // namespace
 
+int Backend::scaleout_listen(const std::string&) {
+  throw Error("BACKEND_UNAVAILABLE", "this rank's backend has no scale-out leg: its world cannot span nodes");
+}
+void Backend::scaleout_connect(const std::vector<ScaleoutEndpoint>&, const RailKey&, double) {
+  throw Error("BACKEND_UNAVAILABLE", "this rank's backend has no scale-out leg: its world cannot span nodes");
+}
 void Backend::nccl_init(const std::vector<uint8_t>&) {
   throw Error("EINVAL", "ncclInit: this rank's backend makes no NCCL communicator");
 }

@@ -13,6 +13,7 @@
 #include "backend.hpp"
 #include "config.hpp"
 #include "inflight.hpp"
+#include "scaleout.hpp"
 #include "wait.hpp"
 
 namespace rankflow {
@@ -52,6 +53,8 @@ class Context {
 
   ContextConfig cfg;
   Domains dom;
+  Nodes nodes;                 // scale_out: this rank's node and rail (one node otherwise)
+  Traffic traffic;             // bytes sent (group.traffic())
   WorkspaceLayout ws;
   BufferLayout buf;
   int64_t sym_bytes = 0;       // workspace + buffer

@@ -20,6 +20,7 @@ const char* phase_name(uint64_t phase) {
     case kPhaseSessionReduce: return "session reduceScatter";
     case kPhasePipeline: return "pipeline send/recv";
     case kPhaseEngram: return "engram";
+    case kPhaseScaleoutConnect: return "scale-out connect";
     default: return "none";
   }
 }

@@ -6,6 +6,7 @@
 namespace rankflow::host {
 
 void HostBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
+  if (two_level()) return two_level_session_signal(enter_seq, value, phase);
   if (enter_seq != 0) {
     // The buffer may still hold data a slow peer reads for the previous op: wait until all entered.
     announce(enter_seq);
@@ -18,6 +19,7 @@ void HostBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase
 void HostBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
   const uint8_t* src = host_ptr(in, "allGather input");
   RF_CHECK(!out.device, "EINVAL", "allGather output: device tensors need backend 'cuda'");
+  if (two_level()) return two_level_all_gather(seq, src, bytes, at, false, kPhaseSessionGather, out.as<uint8_t>());
   const int64_t mine = at + int64_t(rank()) * bytes;
   std::memcpy(buffer() + mine, src, size_t(bytes));
   for (int i = 1; i < world(); ++i) {
@@ -25,6 +27,7 @@ void HostBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
     std::memcpy(peer_buffer(p) + mine, src, size_t(bytes));
     signal(peer_slot(p, c_.ws.done), seq);
   }
+  c_.traffic.up(bytes * (world() - 1));
   wait_all(c_.ws.done, seq, kPhaseSessionGather, "done");
   std::memcpy(out.ptr, buffer() + at, size_t(bytes * world()));
 }
@@ -32,6 +35,7 @@ void HostBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
 void HostBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) {
   const uint8_t* src = host_ptr(in, "reduceScatter input");
   RF_CHECK(!out.device, "EINVAL", "reduceScatter output: device tensors need backend 'cuda'");
+  if (two_level()) return two_level_reduce_scatter(seq, src, n, bf16, at, out);
   const int64_t chunk = n * (bf16 ? 2 : 4);
   // Chunk q of my input goes to rank q, at my rank's slot of its region.
   for (int i = 0; i < world(); ++i) {
@@ -40,8 +44,14 @@ void HostBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
     std::memcpy(dst, src + int64_t(q) * chunk, size_t(chunk));
     if (q != rank()) signal(peer_slot(q, c_.ws.done), seq);
   }
+  c_.traffic.up(chunk * (world() - 1));
   wait_all(c_.ws.done, seq, kPhaseSessionReduce, "done");
-  const uint8_t* region = buffer() + at;
+  reduce_region(buffer() + at, n, bf16, out);
+}
+
+// out[i] = the sum over ranks q, in rank order, of region slot q's element i (fp32 accumulation).
+void HostBackend::reduce_region(const uint8_t* region, int64_t n, bool bf16, Mem out) const {
+  const int64_t chunk = n * (bf16 ? 2 : 4);
   for (int64_t i = 0; i < n; ++i) {
     float acc = 0.0f;
     for (int q = 0; q < world(); ++q) {  // rank order: the CUDA kernel sums in the same order
@@ -55,6 +65,7 @@ void HostBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
 
 void HostBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
   const uint8_t* src = host_ptr(table, "engram table");
+  if (two_level()) return two_level_engram_write(seq, src, bytes);
   // Peers may still be fetching from the previous table: overwrite only once all of them moved on.
   announce(seq);
   for (int p = 0; p < world(); ++p) wait_entered(p, seq);
@@ -66,6 +77,15 @@ void HostBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
 void HostBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) {
   const auto* id = reinterpret_cast<const int32_t*>(host_ptr(ids, "indices"));
   RF_CHECK(!out.device, "EINVAL", "engramFetch output: device tensors need backend 'cuda'");
+  for (int64_t i = 0; two_level() && i < n; ++i) {
+    const int owner = int(id[i] / entries);
+    RF_CHECK(c_.nodes.same_node(owner), "EINVAL",
+             "indices[" + std::to_string(i) + "]: entry " + std::to_string(id[i]) + " lives on rank " + std::to_string(owner) +
+                 ", on node " + std::to_string(c_.nodes.node_of(owner)) + ": reading another node's host segment is an RDMA read, " +
+                 "which the host backend's scale-out leg does not do; fetch entries of this node's ranks (" +
+                 std::to_string(c_.nodes.first_local() * entries) + " to " +
+                 std::to_string((c_.nodes.first_local() + c_.nodes.ranks_per_node) * entries - 1) + ")");
+  }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = id[i];
     const uint8_t* row = mem_.host_segment(int(g / entries)) + (g % entries) * row_bytes;
@@ -80,11 +100,13 @@ void HostBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
     std::memcpy(out.ptr, src, size_t(bytes));
     return;
   }
+  if (two_level()) return two_level_pp_exchange(seq, src, bytes, out.as<uint8_t>());
   const int next = (rank() + 1) % world(), prev = (rank() + world() - 1) % world();
   // Only the previous rank writes into my buffer: tell it, and only wait for my next rank.
   signal(peer_slot(prev, c_.ws.enter), seq);
   wait_entered(next, seq);
   std::memcpy(peer_buffer(next), src, size_t(bytes));
+  c_.traffic.up(bytes);
   signal(peer_slot(next, c_.ws.done), seq);
   wait_slot(my_slot(c_.ws.done, prev), seq, WaitSite{kPhasePipeline, prev, "done"}, WaitKind::Device);
   std::memcpy(out.ptr, buffer(), size_t(bytes));

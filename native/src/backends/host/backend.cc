@@ -14,16 +14,37 @@ HostBackend::HostBackend(Context& c) : c_(c) {
   c.rules.spin_ns = 1000;
   mem_.create(c.rank(), c.world(), c.sym_bytes, c.cpu_bytes, choose_memory_kind(c.cpu_bytes, c.cfg.hybrid),
               c.dom.num_scaleup_ranks);
-}
-
-void HostBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
-  mem_.import_peers(peers);
-  barrier(seq, false, true);
+  if (two_level()) rails_ = std::make_unique<Rails>(c);
 }
 
 void HostBackend::destroy() noexcept {
   fetcher_.reset();  // runs the fetches still queued (they read the mapped segments), then joins
+  if (rails_) rails_->close();
   mem_.destroy();
+}
+
+void HostBackend::check_alive(const char* op) const {
+  if (rails_) rails_->check_alive(op);
+}
+
+int HostBackend::scaleout_listen(const std::string& host) {
+  RF_CHECK(rails_, "EINVAL", "scale-out: this rank's world has one node (no scale-out leg to open)");
+  return rails_->listen(host);
+}
+
+void HostBackend::scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s) {
+  RF_CHECK(rails_, "EINVAL", "scale-out: this rank's world has one node (no scale-out leg to connect)");
+  rails_->connect(ends, key, timeout_s);
+}
+
+void HostBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
+  if (two_level()) {
+    RF_CHECK(rails_->connected(), "STATE", "registerWindow: the scale-out connections must be made first (scaleoutConnect)");
+    mem_.import_peers(peers, c_.nodes.first_local(), c_.nodes.ranks_per_node);
+  } else {
+    mem_.import_peers(peers);
+  }
+  barrier(seq, false, true);
 }
 
 BackendInfo HostBackend::info() const {
@@ -81,6 +102,7 @@ uint64_t HostBackend::wait_entered(int p, uint64_t seq, Phase phase) const {
 }
 
 void HostBackend::barrier(uint64_t seq, bool cpu_round, bool) {
+  if (two_level()) return two_level_barrier(seq, cpu_round);
   signal_all(c_.ws.barrier, seq);
   wait_all(c_.ws.barrier, seq, kPhaseBarrier, "barrier");
   if (!cpu_round) return;
@@ -92,6 +114,7 @@ void HostBackend::barrier(uint64_t seq, bool cpu_round, bool) {
 void HostBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
   const uint8_t* src = host_ptr(in, "allGather input");
   RF_CHECK(!out.device, "EINVAL", "allGather output: device tensors need backend 'cuda'");
+  if (two_level()) return two_level_all_gather(seq, src, bytes, 0, true, kPhaseAllGather, out.as<uint8_t>());
   announce(seq);
   const int64_t at = int64_t(rank()) * bytes;
   std::memcpy(buffer() + at, src, size_t(bytes));
@@ -101,6 +124,7 @@ void HostBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
     std::memcpy(peer_buffer(p) + at, src, size_t(bytes));
     signal(peer_slot(p, c_.ws.done), seq);
   }
+  c_.traffic.up(bytes * (world() - 1));
   wait_all(c_.ws.done, seq, kPhaseAllGather, "done");
   std::memcpy(out.ptr, buffer(), size_t(bytes * world()));
 }

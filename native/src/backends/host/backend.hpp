@@ -4,7 +4,10 @@
 // device phase's wait times out with TIMEOUT_GPU, a CPU-sync wait with TIMEOUT_CPU). Ops run on the
 // rank's own thread. backend.cc: lifecycle and the small collectives; moe.cc: dispatch and combine;
 // agrs.cc: sessions, engram and pipeline; async.cc: asynchronous AGRS and engram fetches (these on an
-// executor thread of the rank's own).
+// executor thread of the rank's own). In a world whose nodes share no memory (scale_out), each op
+// runs in two levels instead: inside the node as above, across nodes over the rank's rail
+// connections (rail.cc, rail_connect.cc): two_level.cc (barrier, allGather, sessions, engram,
+// pipeline), two_level_moe.cc (dispatch) and two_level_combine.cc.
 #pragma once
 
 #include <memory>
@@ -12,6 +15,7 @@
 
 #include "runtime/context.hpp"
 #include "runtime/executor.hpp"
+#include "rail.hpp"
 #include "signals.hpp"
 #include "symmetric.hpp"
 
@@ -24,8 +28,27 @@ struct Routing {
   std::vector<uint64_t> dest_mask;  // [T] bit p set when rank p receives token t
   std::vector<int64_t> send_count;  // [W] tokens sent to rank p
 };
+// A two-level dispatch's view of one rail: the tokens of source rank (k, my local index) that reached
+// this node (for k = my node: all of my own tokens), in token order.
+struct RailTokens {
+  std::vector<int32_t> token;    // source token ids
+  std::vector<uint64_t> nodes;   // the nodes that receive each (bit k)
+  std::vector<uint64_t> locals;  // the ranks of this node that receive it (bit j: local index j)
+  std::vector<int64_t> offset;   // where its record starts in the frame (remote sources)
+};
+// What a two-level dispatch keeps (two_level_moe.cc): the frames of token records its rank received
+// from its rail peers (forwarded to the node's ranks in the data phase) and, for combine, the rail's
+// tokens per source node.
+struct TwoLevelState {
+  int64_t record_bytes = 0;
+  bool exchanged = false;              // the records crossed (in notify; a cached dispatch: in data)
+  std::vector<RailRecv> frames;        // one per remote node
+  std::vector<RailTokens> rail;        // [node]
+  std::vector<std::string> refused;    // [node]: why that source's records are refused ("" = accepted)
+};
 struct HostLayout final : LayoutState {
   std::shared_ptr<const Routing> routing;
+  std::unique_ptr<TwoLevelState> two;        // two-level dispatches only
   std::vector<float> topk_weights;           // [T * K] as given (cached without weights: the origin's)
   std::vector<int32_t> recv_src_rank;        // [num_recv]
   std::vector<int32_t> recv_src_token;       // [num_recv]
@@ -43,6 +66,9 @@ class HostBackend final : public Backend {
   void read_window(int64_t offset, int64_t len, uint8_t* out) override;
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
+  void check_alive(const char* op) const override;
+  int scaleout_listen(const std::string& host) override;
+  void scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s) override;
 
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
   void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
@@ -82,9 +108,37 @@ class HostBackend final : public Backend {
   uint64_t wait_entered(int p, uint64_t seq, Phase phase = kPhaseEnter) const;
   static const uint8_t* host_ptr(Mem r, const char* what);
 
+  // dispatch steps shared by both levels (moe.cc)
+  std::shared_ptr<Routing> make_routing(const DispatchInput& in, std::vector<int64_t>& expert_counts) const;
+  void compact_dispatch(DispatchLayout& l, HostLayout& st, DispatchOutput& out, int64_t row);
+  void reduce_region(const uint8_t* region, int64_t n, bool bf16, Mem out) const;
+
+  // ---- two levels (scale_out with more than one node) ----
+  bool two_level() const { return c_.nodes.two_level(); }
+  int local_rank(int j) const { return c_.nodes.rank_of(c_.nodes.node, j); }
+  // The intra-node halves of signal_all / wait_all / announce.
+  void signal_locals(int64_t array, uint64_t seq);
+  void wait_locals(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind = WaitKind::Device) const;
+  void announce_locals(uint64_t seq, uint64_t tag = 0);
+  // An empty frame to and from every rail peer: after it, every node has passed what came before.
+  void rail_sync(uint64_t seq, Phase phase, WaitKind kind);
+  // two_level.cc
+  void two_level_barrier(uint64_t seq, bool cpu_round);
+  void two_level_all_gather(uint64_t seq, const uint8_t* src, int64_t bytes, int64_t at, bool enter, Phase phase, uint8_t* out);
+  void two_level_session_signal(uint64_t enter_seq, uint64_t value, Phase phase);
+  void two_level_reduce_scatter(uint64_t seq, const uint8_t* src, int64_t n, bool bf16, int64_t at, Mem out);
+  void two_level_engram_write(uint64_t seq, const uint8_t* src, int64_t bytes);
+  void two_level_pp_exchange(uint64_t seq, const uint8_t* src, int64_t bytes, uint8_t* out);
+  // two_level_moe.cc, two_level_combine.cc
+  void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in, const std::vector<int64_t>& expert_counts);
+  void exchange_records(uint64_t seq, Phase phase, DispatchLayout& l, const DispatchInput& in, bool forward_counts);
+  void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
+  void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out);
+
   Context& c_;
   HostSymmetricMemory mem_;
   std::unique_ptr<Executor> fetcher_;  // async engram fetches, made at the first one; stopped before mem_ goes
+  std::unique_ptr<Rails> rails_;  // two levels: the scale-out leg
 };
 
 }  // namespace rankflow::host

@@ -28,16 +28,15 @@ HostLayout& state_of(DispatchLayout& l) { return static_cast<HostLayout&>(*l.sta
 
 }  // namespace
 
-void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
+std::shared_ptr<Routing> HostBackend::make_routing(const DispatchInput& in, std::vector<int64_t>& expert_counts) const {
   const int64_t K = c_.cfg.ep.topk, E = c_.cfg.ep.num_experts, epr = c_.experts_per_rank(), T = in.num_tokens;
   const int W = world();
   const auto* idx = reinterpret_cast<const int32_t*>(host_ptr(in.topk_idx, "topkIdx"));
-  const auto* w = reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"));
   auto routing = std::make_shared<Routing>();
   routing->topk_idx.assign(idx, idx + T * K);
   routing->dest_mask.assign(size_t(T), 0);
   routing->send_count.assign(size_t(W), 0);
-  std::vector<int64_t> expert_counts(size_t(W * epr), 0);
+  expert_counts.assign(size_t(W * epr), 0);
   for (int64_t t = 0; t < T; ++t) {
     uint64_t mask = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -52,10 +51,20 @@ void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     routing->dest_mask[size_t(t)] = mask;
     for (int p = 0; p < W; ++p) routing->send_count[size_t(p)] += (mask >> p) & 1;
   }
+  return routing;
+}
+
+void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
+  const int64_t K = c_.cfg.ep.topk, epr = c_.experts_per_rank(), T = in.num_tokens;
+  const int W = world();
+  std::vector<int64_t> expert_counts;
+  auto routing = make_routing(in, expert_counts);
+  const auto* w = reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"));
   auto st = std::make_unique<HostLayout>();
   st->routing = routing;
   st->topk_weights.assign(w, w + T * K);
   l.state = std::move(st);
+  if (two_level()) return two_level_notify(seq, l, in, expert_counts);
   for (int p = 0; p < W; ++p) {
     uint8_t* peer_ws = mem_.peer_window(p);
     for (int64_t e = 0; e < epr; ++e)
@@ -72,6 +81,7 @@ void HostBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
   st->routing = origin.routing;
   st->topk_weights = origin.topk_weights;  // replaced in dispatch_data when new weights are given
   l.state = std::move(st);
+  if (two_level()) return announce_locals(l.seq, l.fingerprint);
   announce(l.seq, l.fingerprint);
 }
 
@@ -115,7 +125,9 @@ void HostBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     const auto* w = reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"));
     st.topk_weights.assign(w, w + l.num_tokens * K);
   }
+  if (two_level()) return two_level_dispatch_data(seq, l, in, out);
   const int W = world();
+  const int64_t token_bytes = row + (scales != nullptr ? srow * 4 : 0) + K * 8 + 8;
   int refused = -1;
   for (int i = 0; i < W; ++i) {
     const int p = (rank() + i) % W;
@@ -148,11 +160,22 @@ void HostBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
       reinterpret_cast<int32_t*>(dst + c_.buf.src_rank)[slot] = rank();
       ++slot;
     }
-    if (p != rank()) signal(peer_slot(p, c_.ws.done), seq);
+    if (p != rank()) {
+      c_.traffic.up(r.send_count[size_t(p)] * token_bytes);
+      signal(peer_slot(p, c_.ws.done), seq);
+    }
   }
   wait_all(c_.ws.done, seq, kPhaseDispatchData, "done");
   if (refused >= 0) refuse_handle(c_, refused, seq);
-  // Compact my receive region (source-rank major) into the outputs, and keep what combine needs.
+  compact_dispatch(l, st, out, row);
+}
+
+// Compacts my receive region (source-rank major) into the outputs, and keeps what combine needs.
+void HostBackend::compact_dispatch(DispatchLayout& l, HostLayout& st, DispatchOutput& out, int64_t row) {
+  const auto& cfg = c_.cfg.ep;
+  const int64_t K = cfg.topk, maxT = cfg.max_tokens_per_rank;
+  const int64_t srow = c_.buf.scales_per_token, xstride = c_.buf.x_bytes_per_token;
+  const int W = world();
   st.recv_src_rank.resize(size_t(l.num_recv));
   st.recv_src_token.resize(size_t(l.num_recv));
   st.recv_topk_weights.resize(size_t(l.num_recv * K));
@@ -195,6 +218,7 @@ void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
   for (int k = 0; k < 2; ++k)
     if (in.bias[k]) bias[k] = reinterpret_cast<const uint16_t*>(host_ptr(in.bias[k], "bias"));
   RF_CHECK(!out.x.device, "EINVAL", "combine outputs: device tensors need backend 'cuda'");
+  if (two_level()) return two_level_combine(seq, l, in, out);
   auto* out_x = out.x.as<uint16_t>();
   auto* out_w = out.topk_weights.as<float>();
   announce(seq, l.fingerprint);
@@ -212,6 +236,7 @@ void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
         std::memcpy(dst + c_.buf.combine_x + slot * H * 2, x + (row + j) * H, size_t(H * 2));
         std::memcpy(dst + c_.buf.combine_weights + slot * K * 4, weights + (row + j) * K, size_t(K * 4));
       }
+      if (p != rank()) c_.traffic.up(n * (H * 2 + K * 4));
     }
     row += n;
     if (p != rank()) signal(peer_slot(p, c_.ws.done), seq);

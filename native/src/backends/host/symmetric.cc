@@ -65,12 +65,13 @@ void HostSymmetricMemory::create(int rank, int world, int64_t device_bytes, int6
   }
 }
 
-void HostSymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers) {
+void HostSymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, int share_first, int share_count) {
   RF_CHECK(int(peers.size()) == world_, "EINVAL", "import_peers needs one entry per rank");
   RF_CHECK(!imported_, "STATE", "peers are already imported");
   const int node = rank_ / scaleup_ranks_;
+  const int share_end = share_count < 0 ? world_ : share_first + share_count;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || p < share_first || p >= share_end) continue;
     RF_CHECK(peers[p].device_fd >= 0, "EINVAL", "rank " + std::to_string(p) + " exported no device segment");
     map_fixed(peer_window(p), device_bytes_, peers[p].device_fd, "peer device segment");
     if (host_bytes_ > 0) {

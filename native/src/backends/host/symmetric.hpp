@@ -27,8 +27,10 @@ class HostSymmetricMemory {
   // Creates this rank's segments (memfds) and maps them into its own window.
   void create(int rank, int world, int64_t device_bytes, int64_t host_bytes, MemoryKind kind, int scaleup_ranks);
   ExportedSegments exported() const { return {device_fd_, host_fd_}; }
-  // Maps every peer's segments (indexed by global rank; this rank's own entry is ignored).
-  void import_peers(const std::vector<ExportedSegments>& peers);
+  // Maps every peer's segments (indexed by global rank; this rank's own entry is ignored). Where the
+  // world's nodes share no memory, only the ranks [share_first, share_first + share_count) of this
+  // rank's node are mapped; the others' windows stay unmapped (their entries are ignored).
+  void import_peers(const std::vector<ExportedSegments>& peers, int share_first = 0, int share_count = -1);
   // Unmaps everything and closes the fds this rank owns. Idempotent.
   void destroy();
 

@@ -1,0 +1,78 @@
+// The cuda backend's scale-out leg for worlds whose nodes share no memory (runtime/scaleout.hpp):
+// NCCL between nodes, NVLink symmetric memory inside the node, in the same two levels as the host
+// backend (backends/host/two_level*.cc), whose outputs it would have to match bit for bit.
+//
+// STATUS: compiled, never run (the machines of this project have no GPU during development). What
+// exists is the NCCL leg below: grouped ncclSend/ncclRecv between a rank and its rail peers on the
+// rank's stream, over the world communicator CudaBackend already makes. What does not exist yet, and
+// why createGroup refuses cuda worlds that span nodes (actors/world/topology.ts, BACKEND_UNAVAILABLE):
+// the node-local kernels and their wiring into CudaBackend. The plan, step by step (each kernel on
+// the rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
+//   dispatch notify : kernel: routing, counts into the node's ranks (as the flat notify kernel, for
+//                     node peers only), per-node record counts + offsets (a prefix sum over tokens);
+//                     NCCL: the N int64 counts to / from the rail peers (exchange_counts).
+//   CPU sync        : the host reads the counts (the flat CPU-sync wait), sizes the receives.
+//   pack            : kernel: every token's record (x row, scales, k ids, k weights, token id: the
+//                     host's layout) into the send buffer of each remote node it has experts on.
+//   NCCL            : records to / from the rail peers (one send and one receive per remote node).
+//   forward         : kernel: the flat data kernel with a second source: my rows and every received
+//                     record into the node peers' windows (NVLink stores, peer pointers), counts of
+//                     the forwarded sources into their slots, `done` per source.
+//   compaction      : the flat one (the receive region is the flat one).
+//   combine         : kernel: each receiver's rows into the forwarder of their source's rail (NVLink);
+//                     then per rail N rounds: NCCL receives of the partial sums from lower nodes,
+//                     fold kernel (fp32, rank order, continuing the partial), NCCL sends of one frame
+//                     to every other node and receives from higher ones; final kernel: biases, bf16.
+// On one host, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 keep NCCL on its network transport, so that
+// simulated nodes (world.nodeId) exercise the scale-out leg as real nodes would.
+#pragma once
+
+#include <cuda.h>
+
+#include <vector>
+
+#include "nccl.hpp"
+#include "runtime/errors.hpp"
+#include "runtime/scaleout.hpp"
+
+namespace rankflow::cuda {
+
+// ncclSend / ncclRecv (NCCL >= 2.7), looked up in the library nccl() loaded.
+struct NcclP2p {
+  ncclResult_t (*send)(const void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, ncclStream_t stream) = nullptr;
+  ncclResult_t (*recv)(void* buf, size_t count, ncclDataType_t type, int peer, ncclComm_t comm, ncclStream_t stream) = nullptr;
+};
+// Throws BACKEND_UNAVAILABLE when the loaded NCCL has no point-to-point calls.
+const NcclP2p& nccl_p2p();
+
+// One transfer of an exchange: `bytes` of device memory at `ptr`, to or from global rank `peer`.
+struct RailTransfer {
+  int peer;
+  CUdeviceptr ptr;
+  size_t bytes;
+};
+
+// The scale-out leg of one rank: its rail peers are the ranks of its local index on the other nodes.
+class NcclRails {
+ public:
+  NcclRails(const Nodes& nodes, ncclComm_t comm, CUstream stream);
+
+  // The transfers to and from the rail peers for one op, as one NCCL group on the rank's stream: NCCL
+  // matches a send with the peer's receive of the same size, and the group lets them progress together
+  // (no order of peers can deadlock). Only enqueues; the stream orders what follows.
+  void exchange(const std::vector<RailTransfer>& sends, const std::vector<RailTransfer>& recvs) const;
+  // dispatch notify's counts: mine[k] (int64, device) goes to the rail peer on node k; theirs[k] receives its.
+  void exchange_counts(CUdeviceptr mine, CUdeviceptr theirs) const;
+  // The transfers of a record exchange, from per-node counts (the host's copy after the CPU sync) and
+  // the send / receive buffers laid out as counts * record_bytes per node in node order.
+  std::pair<std::vector<RailTransfer>, std::vector<RailTransfer>> record_transfers(
+      const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int64_t record_bytes, CUdeviceptr send_buf,
+      CUdeviceptr recv_buf) const;
+
+ private:
+  Nodes nodes_;
+  ncclComm_t comm_;
+  CUstream stream_;
+};
+
+}  // namespace rankflow::cuda
