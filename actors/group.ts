@@ -17,10 +17,10 @@ import { ABORT, loadAddon, type ExportedSegments } from './core/addon.js';
 import { cudaDeviceCount, probeCuda, resolveBackend, type Backend } from './core/backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
 import {
-  checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
+  checkBufferConfig, checkCombineInput, checkDispatchInput, checkIntIn, checkOptions, checkPerRank, checkPositiveInt, checkSameShape, checkTestFirstSeq, describe,
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './core/validate.js';
-import { engramSizeHint, sizeHint } from './core/hints.js';
+import { engramSizeHint, sessionBytes, sizeHint } from './core/hints.js';
 import { checkWorld, joinWorld, worldWaitMs, type WorldOptions } from './world/join.js';
 import type { Rendezvous } from './world/rendezvous.js';
 import { rankMachine, type FailureInfo } from '../machines/index.js';
@@ -137,6 +137,8 @@ export class Group extends EventEmitter<GroupEvents> {
   private destroying = false;
   private sessionOpen = false;
   private bufferBytes = 0;
+  private workspaceBytes = 0;
+  private symmetricBytes = 0;
   /** @internal */ detachers: Array<() => void> = [];
   /** @internal */ inspector?: InspectorHandle;
   /** The inspector page's URL ('http://127.0.0.1:PORT/', the port picked when 0 was asked) when created with `inspect: url`; else undefined. */
@@ -164,7 +166,7 @@ export class Group extends EventEmitter<GroupEvents> {
 
   /** @internal use createGroup() */
   static async create(opts: GroupOptions): Promise<Group> {
-    if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be an object { buffer, ranks?, backend?, ... }');
+    checkOptions('options', opts, '{ buffer, ranks?, backend?, ... }', false);
     const backend = checkBackendOption(opts.backend);
     const resolved = resolveBackend(backend);
     const gpus = resolved === 'cuda' ? cudaDeviceCount() : 0;
@@ -183,8 +185,7 @@ export class Group extends EventEmitter<GroupEvents> {
     const ranksPerNode = opts.ranksPerNode ?? worldSize;
     checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);
     if (worldSize % ranksPerNode !== 0) throw invalid('ranksPerNode', `(${ranksPerNode}) must divide the world size (${worldSize})`);
-    if (opts.timeouts !== undefined && (opts.timeouts === null || typeof opts.timeouts !== 'object'))
-      throw invalid('timeouts', 'must be an object { cpuSeconds?, gpuSeconds? }');
+    checkOptions('timeouts', opts.timeouts, '{ cpuSeconds?, gpuSeconds? }');
     const cpuSeconds = checkTimeout('timeouts.cpuSeconds', opts.timeouts?.cpuSeconds ?? config.cpuSeconds);
     const gpuSeconds = checkTimeout('timeouts.gpuSeconds', opts.timeouts?.gpuSeconds ?? config.gpuSeconds);
     if (opts.inspect !== undefined && typeof opts.inspect !== 'function' && typeof opts.inspect !== 'string')
@@ -197,6 +198,7 @@ export class Group extends EventEmitter<GroupEvents> {
     }
     if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
       throw invalid('observers', 'must be an array of objects with attach(group)');
+    const firstSeq = checkTestFirstSeq(config.testFirstSeq);
     const layout = loadAddon().layout(buffer, worldSize);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
@@ -209,7 +211,7 @@ export class Group extends EventEmitter<GroupEvents> {
         group.inspector = await attachInspector(group, { ...inspectAt, machine: describeMachine(rankMachine), unref: true });
         process.stderr.write(`rankflow: inspector at ${group.inspector.url}\n`);
       }
-      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices });
+      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices, firstSeq });
     } catch (e) {
       await group.destroy().catch(() => {});
       throw RankflowError.from(e);
@@ -217,7 +219,7 @@ export class Group extends EventEmitter<GroupEvents> {
     return group;
   }
 
-  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[] }): Promise<void> {
+  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[]; firstSeq: number }): Promise<void> {
     // Ranks of this process that share a GPU split its SMs between them, and make no NCCL
     // communicator: NCCL refuses two ranks on one GPU.
     const share = (d: number) => t.devices!.filter((e) => e === d).length;
@@ -227,14 +229,18 @@ export class Group extends EventEmitter<GroupEvents> {
       const init: RankInit = {
         rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
-        backend: this.backend, abort,
+        backend: this.backend, abort, ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
         tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
         ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
       };
+      this.ranks[r]!.seq = t.firstSeq;
       this.members.push(this.spawn(r, init));
     }
     const exported = await Promise.all(this.members.map((m, r) => this.call(r, () => m.api.exported())));
-    this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
+    const info = await this.call(0, () => this.members[0]!.api.info());
+    this.bufferBytes = info.bufferBytes;
+    this.workspaceBytes = info.workspaceBytes;
+    this.symmetricBytes = info.symmetricBytes;
     if (!this.world) {
       const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
       if (this.backend === 'cuda') {
@@ -401,7 +407,10 @@ export class Group extends EventEmitter<GroupEvents> {
       if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
       for (const h of this.ranks) {
         if (h.error) throw new RankflowError(h.error.code, h.error.message, { rank: h.error.rank ?? h.rank, state: h.state, phase: h.error.phase });
-        if (!states.includes(h.state)) throw new RankflowError('STATE', `rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')}`, { rank: h.rank, state: h.state });
+        if (!states.includes(h.state)) {
+          const why = h.state === 'session.open' ? 'an AGRS session is open: close() it first' : `rank ${h.rank} is in state '${h.state}'`;
+          throw new RankflowError('STATE', `${why} (rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')})`, { rank: h.rank, state: h.state });
+        }
       }
       return body();
     };
@@ -414,10 +423,17 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.ranks.map((h) => ({ rank: h.rank, state: h.state, seq: h.seq, ...(h.error ? { error: h.error.toJSON() } : {}) }));
   }
 
-  barrier(opts: { withCpuSync?: boolean } = {}): Promise<void> {
-    if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') return Promise.reject(invalid('withCpuSync', 'must be a boolean'));
+  barrier(opts?: { withCpuSync?: boolean }): Promise<void> {
+    let withCpuSync: boolean;
+    try {
+      const o = checkOptions<{ withCpuSync: unknown }>('options', opts, '{ withCpuSync? }');
+      if (o.withCpuSync !== undefined && typeof o.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
+      withCpuSync = o.withCpuSync ?? false;
+    } catch (e) {
+      return Promise.reject(e);
+    }
     return this.collective(['ready'], async () => {
-      await this.all((api) => api.barrier(opts.withCpuSync ?? false));
+      await this.all((api) => api.barrier(withCpuSync));
     });
   }
 
@@ -476,13 +492,16 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   async openSession(opts: { maxBytes: number; maxAllGathers: number }): Promise<Session> {
-    if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
+    checkOptions('options', opts, '{ maxBytes, maxAllGathers }', false);
     checkPositiveInt('maxBytes', opts.maxBytes);
     checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
     if (this.sessionOpen) throw new RankflowError('STATE', 'an AGRS session is already open on this group: close() it before opening another');
-    const perGather = Math.ceil((opts.maxBytes * this.worldSize) / 256) * 256;
-    if (perGather * opts.maxAllGathers > this.bufferBytes)
-      throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${perGather * opts.maxAllGathers} bytes exceeds the buffer (${this.bufferBytes} bytes)`);
+    const need = sessionBytes(opts.maxBytes, opts.maxAllGathers, this.worldSize);
+    if (need > this.bufferBytes) {
+      const bytes = Math.ceil((this.workspaceBytes + need) / (2 << 20)) * (2 << 20);
+      throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${need} bytes exceeds the buffer (${this.bufferBytes} bytes): ` +
+        `create the group with buffer.bytes of at least ${bytes} (sessionSizeHint({ maxBytes: ${opts.maxBytes}, maxAllGathers: ${opts.maxAllGathers}, numExperts: ${this.buffer.numExperts} }, ${this.worldSize}))`);
+    }
     await this.collective(['ready'], async () => {
       await this.all((api) => api.sessionOpen(opts.maxBytes, opts.maxAllGathers));
     });
@@ -502,6 +521,7 @@ export class Group extends EventEmitter<GroupEvents> {
       list.forEach((t, r) => checkTensor(`storages[${r}]`, t, { rank: 2 }));
       checkSameShape('storages', list);
       const [entries, hidden] = list[0]!.shape as [number, number];
+      if (hidden === 0) throw invalid('storages[0].shape[1]', 'must be positive: a row needs at least one element');
       const need = engramSizeHint({ entriesPerRank: entries, hidden, dtype: list[0]!.dtype });
       const have = this.buffer.cpuBytes ?? 0;
       if (have < entries * hidden * ELEMENT_BYTES[list[0]!.dtype])
@@ -511,25 +531,28 @@ export class Group extends EventEmitter<GroupEvents> {
     }
     return this.collective(['ready'], async () => {
       await this.all((api, r) => api.engramWrite(storages[r]!));
-      this.engramEntries = storages[0]!.shape[0]!;
     });
   }
-  private engramEntries = -1;
 
   engramFetch(indices: Int32Array[]): Promise<Tensor[]> {
     try {
       const list = checkPerRank<Int32Array>('indices', indices, this.size);
-      if (this.engramEntries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
-      const total = this.engramEntries * this.worldSize;
-      list.forEach((ids, r) => {
-        checkArray(`indices[${r}]`, ids, Int32Array);
-        const bad = ids.findIndex((g) => g < 0 || g >= total);
-        if (bad >= 0) throw invalid(`indices[${r}][${bad}]`, `${ids[bad]} is outside [0, ${total})`);
-      });
+      list.forEach((ids, r) => checkArray(`indices[${r}]`, ids, Int32Array));
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.all((api, r) => api.engramFetch(indices[r]!)));
+    // The table is the one stored by the engramWrite queued before: checked when this call's turn comes.
+    return this.collective(['ready'], async () => {
+      // Asked, not remembered: a rank program may have written the table.
+      const entries = await this.call(0, () => this.members[0]!.api.engramEntries());
+      if (entries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
+      const total = entries * this.worldSize;
+      indices.forEach((ids, r) => {
+        const bad = ids.findIndex((g) => g < 0 || g >= total);
+        if (bad >= 0) throw invalid(`indices[${r}][${bad}]`, `${ids[bad]} is outside [0, ${total})`);
+      });
+      return this.all((api, r) => api.engramFetch(indices[r]!));
+    });
   }
 
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
@@ -546,20 +569,39 @@ export class Group extends EventEmitter<GroupEvents> {
 
   /** Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args). */
   run<T = unknown>(moduleUrl: string | URL, args?: unknown): Promise<T[]> {
-    if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) return Promise.reject(invalid('moduleUrl', 'must be a string or URL'));
+    if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) return Promise.reject(invalid('moduleUrl', `must be a string or URL (got ${describe(moduleUrl)})`));
     const url = moduleUrl.toString();
     return this.collective(['ready'], () => this.all((api) => api.run(url, args) as Promise<T>));
   }
 
-  /** Driver-mode layout probes (tests): write through rank `from`'s translated pointer into `to`'s window. */
+  /**
+   * Layout probes (tests): write `bytes` through local rank `from`'s translated pointer into global rank
+   * `to`'s window at `offset` (within the symmetric segment: [0, symmetricBytes - bytes.length]).
+   */
   async writePeer(from: number, to: number, offset: number, bytes: Uint8Array): Promise<bigint> {
+    this.checkProbe('from', from);
+    checkIntIn('to', to, 0, this.worldSize - 1);
+    if (!(bytes instanceof Uint8Array)) throw invalid('bytes', `must be a Uint8Array (got ${describe(bytes)})`);
+    checkIntIn('offset', offset, 0, Math.max(0, this.symmetricBytes - bytes.length));
+    if (bytes.length > this.symmetricBytes) throw invalid('bytes', `has ${bytes.length} bytes; the symmetric segment has ${this.symmetricBytes}`);
     return this.call(from, () => this.members[from]!.api.writePeer(to, offset, bytes));
   }
+  /** Layout probes (tests): `length` bytes of local rank `rank`'s own window from `offset` (within the symmetric segment). */
   async readWindow(rank: number, offset: number, length: number): Promise<Uint8Array> {
+    this.checkProbe('rank', rank);
+    checkIntIn('offset', offset, 0, this.symmetricBytes);
+    checkIntIn('length', length, 0, this.symmetricBytes - offset);
     return this.call(rank, () => this.members[rank]!.api.readWindow(offset, length));
   }
+  /** What local rank `rank` (an index in [0, size)) says of itself: memory kind, windows, domains, seq, state. */
   async info(rank: number) {
+    this.checkProbe('rank', rank);
     return this.call(rank, () => this.members[rank]!.api.info());
+  }
+  /** A probe names a local rank of a group that is not destroyed. */
+  private checkProbe(name: string, rank: unknown): void {
+    checkIntIn(name, rank, 0, this.size - 1);
+    if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed', { rank: this.rankOffset + (rank as number), state: 'destroyed' });
   }
 
   /** @internal */

@@ -3,7 +3,7 @@ export { createGroup, Group, RankHandle, Session } from './group.js';
 export type { GroupOptions, GroupEvents, RankSnapshot, TransitionEvent } from './group.js';
 export { RankflowError } from './core/errors.js';
 export type { RankflowErrorCode } from './core/errors.js';
-export { sizeHint, engramSizeHint, ppSizeHint } from './core/hints.js';
+export { sizeHint, engramSizeHint, ppSizeHint, sessionSizeHint } from './core/hints.js';
 export { tensor, toBf16, fromBf16, floatToBf16, bf16ToFloat, bytesOf, numel, ELEMENT_BYTES } from './core/tensor.js';
 export type { Tensor, DType, TensorData } from './core/tensor.js';
 export type { BufferConfig, DispatchInput, CombineInput, DispatchHandle } from './core/validate.js';

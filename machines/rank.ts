@@ -29,8 +29,10 @@ export interface RankContext {
   cpuSeconds: number;
   gpuSeconds: number;
   op: OpName | null;
-  /** collectives started so far: the same number on every rank for the same collective */
+  /** collectives started so far (from firstSeq): the same number on every rank for the same collective */
   seq: number;
+  /** seq before the op in progress began: a refused op (nothing moved) puts it back */
+  seqBefore: number;
   error: FailureInfo | null;
 }
 
@@ -38,6 +40,8 @@ export interface RankInput {
   rank: number;
   cpuSeconds?: number;
   gpuSeconds?: number;
+  /** tests: where the sequence starts (RANKFLOW_TEST_FIRST_SEQ; default 0) */
+  firstSeq?: number;
 }
 
 export type RankEvent =
@@ -72,10 +76,10 @@ const OPS: Record<string, OpName> = {
 };
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
-/** DONE returns to `to`; FAILED with EINVAL too (refused), any other FAILED fails the rank. */
+/** DONE returns to `to`; FAILED with EINVAL too (refused: the op's seq is given back), any other FAILED fails the rank. */
 const settle = <T extends string>(to: T) => ({
   DONE: { target: to, actions: 'done' },
-  FAILED: [{ target: to, guard: 'refused', actions: 'done' }, { target: '#rank.failed', actions: 'fail' }],
+  FAILED: [{ target: to, guard: 'refused', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
 }) as const;
 
 export const rankMachine = setup({
@@ -88,8 +92,11 @@ export const rankMachine = setup({
     /** A collective starts: name it, and count it (a replay counts its graph's ops). */
     begin: assign(({ context, event }) => ({
       op: OPS[event.type] ?? null,
+      seqBefore: context.seq,
       seq: context.seq + (event.type === 'REPLAY' ? event.ops : 1),
     })),
+    /** The op was refused before it moved anything (the native side took no sequence number): nor does the machine. */
+    refuse: assign(({ context }) => ({ op: null, seq: context.seqBefore })),
     /** REGISTER and DESTROY are not collectives: no seq. */
     lifecycle: assign(({ event }) => ({ op: event.type === 'REGISTER' ? ('register' as const) : ('destroy' as const) })),
     done: assign({ op: null }),
@@ -107,7 +114,8 @@ export const rankMachine = setup({
     cpuSeconds: input.cpuSeconds ?? 300,
     gpuSeconds: input.gpuSeconds ?? 100,
     op: null,
-    seq: 0,
+    seq: input.firstSeq ?? 0,
+    seqBefore: input.firstSeq ?? 0,
     error: null,
   }),
   initial: 'init',
@@ -160,7 +168,7 @@ export const rankMachine = setup({
         opening: {
           on: {
             DONE: { target: 'open', actions: 'done' },
-            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'done' }, { target: '#rank.failed', actions: 'fail' }],
+            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
           },
         },
         open: {

@@ -38,9 +38,10 @@ const native = new addon.Context({
   ceMinBytes: init.tuning.ceMinBytes,
   cooperative: init.tuning.cooperative,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
+  ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),
 }, new Int32Array(init.abort));
 
-const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds }, port, init.inspect);
+const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0 }, port, init.inspect);
 const ops = new RankOps(init, native, runner);
 // A wait that lasts: the main thread sees the rank's state while its thread is blocked in the op.
 native.onSlowWait(() => runner.flush());
@@ -70,6 +71,10 @@ const api = {
   },
   state(): string {
     return runner.state();
+  },
+  /** entries per rank of the engram table this rank stores (written in driver mode or by a rank program), -1 if none */
+  engramEntries(): number {
+    return ops.engramEntries;
   },
   /** Layout probes (tests): through this rank's translated pointer into `peer`'s window. */
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint {

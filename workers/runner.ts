@@ -65,7 +65,7 @@ export class RankRunner {
 
   constructor(
     readonly rank: number,
-    timeouts: { cpuSeconds: number; gpuSeconds: number },
+    timeouts: { cpuSeconds: number; gpuSeconds: number; firstSeq?: number },
     private readonly port: { postMessage(m: unknown): void },
     inspect: boolean,
   ) {
