@@ -1,7 +1,7 @@
 // The main thread's view of a group of ranks: one worker per rank, a mirror of each rank's state
 // (plain data, updated by the transitions the workers report), the collective operations in driver
 // mode, rank programs, and teardown. Collectives are queued: calls on one group never interleave.
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'eventemitter3';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
@@ -28,6 +28,8 @@ import { describeMachine } from './observe/machine-graph.js';
 import { attachInspector, inspectorAddress, type InspectorHandle } from './observe/inspector.js';
 import type { GroupObserver } from './observe/timeline.js';
 import { HandleRegistry } from './core/handles.js';
+import { abortError, checkSignal } from './core/abort.js';
+import { startWorker } from './core/worker-argv.js';
 import type { CombineResult, DispatchResult } from './core/types.js';
 import type { RankWorkerApi } from '../workers/rank.js';
 import { isWorkerMessage, type RankInit, type TransitionEvent, type WorkerMessage } from '../workers/protocol.js';
@@ -51,6 +53,12 @@ export interface GroupOptions {
   world?: WorldOptions;
   /** Watchers attached before the ranks start (a TimelineRecorder, an inspector server), so they see every transition. */
   observers?: GroupObserver[];
+  /**
+   * Aborts the creation, the wait for the other processes of a world included: every rank that was
+   * started is torn down (workers, memory, fds, the rendezvous' sockets), then createGroup rejects with
+   * RankflowError code 'ABORTED' (its cause: the signal's reason). No effect once the group is ready.
+   */
+  signal?: AbortSignal;
 }
 
 export interface RankSnapshot {
@@ -103,6 +111,10 @@ interface Member {
   untilGone: Cuts;
   /** calls to end early with the rank's failure: collectives, whose rank programs may never notice it */
   untilFailed: Cuts;
+  /** calls in flight: the worker keeps the process alive only while there are some */
+  busy: number;
+  /** the id of the run aborted last (workers/run-abort.ts) */
+  runAbort: Int32Array;
 }
 
 /** The rejecters of calls in flight, to settle them early from outside. */
@@ -149,6 +161,8 @@ export class Group extends EventEmitter<GroupEvents> {
   /** global id of this process's first rank */
   readonly rankOffset: number;
   private rv?: Rendezvous;
+  /** @internal aborted with createGroup's signal: ends the wait for the world */
+  readonly creation = new AbortController();
 
   private constructor(
     /** ranks hosted by this process: driver-mode collectives take one input per local rank */
@@ -199,6 +213,8 @@ export class Group extends EventEmitter<GroupEvents> {
     if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
       throw invalid('observers', 'must be an array of objects with attach(group)');
     const firstSeq = checkTestFirstSeq(config.testFirstSeq);
+    const signal = checkSignal('signal', opts.signal);
+    if (signal?.aborted) throw abortError('createGroup', signal);
     const layout = loadAddon().layout(buffer, worldSize);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
@@ -206,15 +222,25 @@ export class Group extends EventEmitter<GroupEvents> {
     const group = new Group(size, resolved, buffer, opts, world);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
     for (const o of opts.observers ?? []) group.detachers.push(o.attach(group));
+    // An abort tears the ranks down at once (their waits end); start() then fails, and the error is ABORTED.
+    const onAbort = (): void => {
+      group.creation.abort(signal!.reason);
+      void group.destroy().catch(() => {});
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
     try {
       if (inspectAt) {
         group.inspector = await attachInspector(group, { ...inspectAt, machine: describeMachine(rankMachine), unref: true });
         process.stderr.write(`rankflow: inspector at ${group.inspector.url}\n`);
       }
+      if (signal?.aborted) throw abortError('createGroup', signal);
       await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices, firstSeq });
+      if (signal?.aborted) throw abortError('createGroup', signal);
     } catch (e) {
       await group.destroy().catch(() => {});
-      throw RankflowError.from(e);
+      throw signal?.aborted ? abortError('createGroup', signal) : RankflowError.from(e);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
     }
     return group;
   }
@@ -226,10 +252,11 @@ export class Group extends EventEmitter<GroupEvents> {
     const sharing = t.devices !== undefined && new Set(t.devices).size < t.devices.length;
     for (let r = 0; r < this.size; r++) {
       const abort = new SharedArrayBuffer(ABORT.bytes);
+      const runAbort = new SharedArrayBuffer(4);
       const init: RankInit = {
         rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode: t.ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
-        backend: this.backend, abort, ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
+        backend: this.backend, abort, runAbort, ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
         tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
         ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
       };
@@ -254,7 +281,13 @@ export class Group extends EventEmitter<GroupEvents> {
     // Processes must not share a GPU (their kernels time-slice: one waiting for a peer would crawl):
     // each says which GPUs its ranks use, and the world refuses a GPU named by two processes.
     const gpus = this.backend === 'cuda' ? localGpuIds(this.size, this.rankOffset, t.devices) : [];
-    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }), worldWaitMs(this.opts.timeouts?.cpuSeconds), gpus);
+    const joined = await joinWorld(this.world, exported, JSON.stringify({ ...this.buffer, ranksPerNode: t.ranksPerNode, backend: this.backend }),
+      worldWaitMs(this.opts.timeouts?.cpuSeconds), gpus, this.creation.signal);
+    if (this.destroying) {  // torn down (aborted) while the world formed: its connections go too
+      loadAddon().closeFds(joined.received);
+      await joined.rv.close();
+      throw new RankflowError('STATE', 'the group was destroyed while its world formed');
+    }
     this.rv = joined.rv;
     joined.rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) {
@@ -291,7 +324,7 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   private spawn(local: number, init: RankInit): Member {
-    const worker = new Worker(WORKER_URL, { workerData: init });
+    const worker = startWorker(WORKER_URL, { workerData: init });
     const handle = this.ranks[local]!;
     const rank = handle.rank;
     worker.on('message', (m: unknown) => {
@@ -321,7 +354,7 @@ export class Group extends EventEmitter<GroupEvents> {
       worker.on('exit', (code) => onGone(`exited (worker exit code ${code})`));
     });
     gone.catch(() => {});
-    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed };
+    return { worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed, busy: 0, runAbort: new Int32Array(init.runAbort) };
   }
 
   private onWorkerMessage(m: WorkerMessage): void {
@@ -382,11 +415,21 @@ export class Group extends EventEmitter<GroupEvents> {
     if (m.abortWords) Atomics.store(m.abortWords, ABORT.stopping, 1);
   }
 
-  /** Calls rank r's worker; fails with RANK_FAILED if the worker dies first. */
+  /**
+   * Calls rank r's worker; fails with RANK_FAILED if the worker dies first. While no call is in flight
+   * the worker is unref'd: a process that forgets destroy() still exits when it has nothing else to do
+   * (the workers then end with it); while one is, awaiting it keeps the process alive.
+   */
   private call<T>(r: number, fn: () => Promise<T>): Promise<T> {
     const m = this.members[r]!;
     if (this.ranks[r]!.exited) return m.gone;
-    return cutShort(fn(), [m.untilGone]);
+    if (m.busy++ === 0) m.worker.ref();
+    const idle = (): void => {
+      if (--m.busy === 0 && !this.destroying) m.worker.unref();
+    };
+    const p = cutShort(fn(), [m.untilGone]);
+    p.then(idle, idle);
+    return p;
   }
 
   /**
@@ -514,6 +557,7 @@ export class Group extends EventEmitter<GroupEvents> {
   }
   /** @internal */ get sessionIsOpen(): boolean { return this.sessionOpen; }
   /** @internal */ set sessionIsOpen(v: boolean) { this.sessionOpen = v; }
+  /** @internal */ get disposedOrFailed(): boolean { return this.destroying || this.ranks.some((h) => h.error !== undefined); }
 
   engramWrite(storages: Tensor[]): Promise<void> {
     try {
@@ -567,11 +611,60 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.collective(['ready'], () => this.all((api, r) => api.ppExchange(tensors[r]!)));
   }
 
-  /** Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args). */
-  run<T = unknown>(moduleUrl: string | URL, args?: unknown): Promise<T[]> {
-    if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) return Promise.reject(invalid('moduleUrl', `must be a string or URL (got ${describe(moduleUrl)})`));
+  /**
+   * Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args).
+   * `signal`: aborted before the run's turn (runs queue like collectives), the run is skipped; aborted
+   * while the programs run, they see it (rank.aborted, rank.signal, rank.anyAborted(): a program stops
+   * when it chooses to, ideally after the same collective on every rank) and the run rejects with
+   * ABORTED once every program has ended. Either way the rejection is RankflowError code 'ABORTED'.
+   */
+  run<T = unknown>(moduleUrl: string | URL, args?: unknown, opts?: { signal?: AbortSignal }): Promise<T[]> {
+    let signal: AbortSignal | undefined;
+    try {
+      if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) throw invalid('moduleUrl', `must be a string or URL (got ${describe(moduleUrl)})`);
+      signal = checkSignal('options.signal', checkOptions<{ signal: unknown }>('options', opts, '{ signal? }').signal);
+      if (signal?.aborted) throw abortError('group.run', signal);
+    } catch (e) {
+      return Promise.reject(e);
+    }
     const url = moduleUrl.toString();
-    return this.collective(['ready'], () => this.all((api) => api.run(url, args) as Promise<T>));
+    if (!signal) return this.collective(['ready'], () => this.all((api) => api.run(url, args) as Promise<T>));
+    return this.runUnless(url, args, signal);
+  }
+  private runs = 0;
+
+  private runUnless<T>(url: string, args: unknown, signal: AbortSignal): Promise<T[]> {
+    return new Promise<T[]>((resolve, reject) => {
+      let running = 0;  // the run's id while its programs run
+      let early = false;
+      const onAbort = (): void => {
+        if (running === 0) {
+          early = true;  // skipped when its turn comes
+          return reject(abortError('group.run', signal));
+        }
+        const reason = abortError('group.run', signal).message;
+        for (const m of this.members) {
+          Atomics.store(m.runAbort, 0, running);
+          void m.api.abortRun(running, reason).catch(() => {});
+        }
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      let aborted = false;
+      this.collective(['ready'], async () => {
+        if (early) throw abortError('group.run', signal);
+        running = ++this.runs;
+        try {
+          return await this.all((api) => api.run(url, args, running) as Promise<T>);
+        } finally {
+          aborted = signal.aborted;
+          running = 0;
+        }
+      }).then(
+        (out) => (aborted ? reject(abortError('group.run', signal)) : resolve(out)),
+        // A failure of the ranks themselves is not hidden behind the abort.
+        (e: unknown) => reject(aborted && !this.ranks.some((h) => h.error) ? abortError('group.run', signal) : e),
+      ).finally(() => signal.removeEventListener('abort', onAbort));
+    });
   }
 
   /**
@@ -619,6 +712,7 @@ export class Group extends EventEmitter<GroupEvents> {
       h.state = 'failed';
     }
     this.stopRank(m);
+    m.worker.ref();  // the process waits for the worker's end it awaits
     await m.worker.terminate();
     await m.gone.catch(() => {});
   }
@@ -636,6 +730,7 @@ export class Group extends EventEmitter<GroupEvents> {
         // A worker blocked in a wait (a peer that never came) only takes terminate() once it stops waiting.
         this.stopRank(m);
         m.api[Comlink.releaseProxy]();
+        m.worker.ref();
         await m.worker.terminate();
         const h = this.ranks[r]!;
         if (h.state !== 'destroyed') {
@@ -651,6 +746,11 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.destroyed;
   }
   private destroyed: Promise<void> = Promise.resolve();
+
+  /** `await using group = await createGroup(...)`: destroy() when the scope ends. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.destroy();
+  }
 }
 
 /** An AGRS session: every rank is in its `session` state until close(). */
@@ -705,6 +805,15 @@ export class Session {
 
   private checkOpen(): void {
     if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
+  }
+
+  /**
+   * `await using s = await group.openSession(...)`: close() when the scope ends, unless the session is
+   * closed already or its group is destroyed or failed (nothing is left to close then).
+   */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.closed || this.group.disposedOrFailed) return;
+    await this.close();
   }
 
   /** Every collective takes a fresh part of the session's buffer: refuse the one that would not fit. */

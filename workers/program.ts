@@ -14,6 +14,7 @@ import {
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
 import type { RankOps } from './ops.js';
+import { RunAbortState } from './run-abort.js';
 
 /** A captured sequence of no-CPU-sync ops (rank.capture): every replay is new collectives. */
 export interface CapturedGraph {
@@ -23,7 +24,8 @@ export interface CapturedGraph {
   free(): void;
 }
 
-export function programHandle(ops: RankOps) {
+/** `run`: the abort of the group.run that calls the program (workers/run-abort.ts); none by default. */
+export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0)) {
   const { rank, worldSize, buffer, groupId, backend } = ops.init;
   const native = ops.native;
   const cuda = backend === 'cuda';
@@ -71,6 +73,16 @@ export function programHandle(ops: RankOps) {
     get seq(): number {
       return native.info().seq as number;
     },
+    /** group.run's signal was aborted (read at once, from shared memory); see workers/run-abort.ts */
+    get aborted(): boolean {
+      return run.aborted;
+    },
+    /** group.run's signal, for async APIs (timers, fetch): aborted once the worker hears of it, or rank.aborted is read true */
+    get signal(): AbortSignal {
+      return run.signal;
+    },
+    /** A collective (every rank calls it at the same point): true on every rank if any rank had seen the run aborted. */
+    anyAborted: async (): Promise<boolean> => run.anyAborted(ops),
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare) */
     info: () => native.info(),
     async barrier(opts: { withCpuSync?: boolean } = {}) {

@@ -19,6 +19,8 @@ export interface RankInit {
   nccl?: boolean;
   /** the abort words' SharedArrayBuffer (ABORT.bytes): the main thread raises a peer's failure there */
   abort: SharedArrayBuffer;
+  /** one Int32 word: the id of the group.run the main thread aborted (workers/run-abort.ts) */
+  runAbort: SharedArrayBuffer;
   /** tests only (RANKFLOW_TEST_FIRST_SEQ): the sequence number the rank's collectives start after */
   firstSeq?: number;
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */

@@ -55,6 +55,11 @@ export class DeviceTensor<D extends DType = DType> {
     this.freed = true;
     if (this.owned) this.mem.deviceFree(this.address);
   }
+
+  /** `using t = rank.tensor(...)`: free() when the scope ends. */
+  [Symbol.dispose](): void {
+    this.free();
+  }
 }
 
 export const isDeviceTensor = (t: unknown): t is DeviceTensor => t instanceof DeviceTensor;

@@ -5,6 +5,7 @@
 import { randomUUID } from 'node:crypto';
 
 import { RankflowError, invalid } from '../core/errors.js';
+import { abortError } from '../core/abort.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
@@ -84,17 +85,23 @@ function payloadOf(p: RendezvousPeer): Payload {
   return { fdSocket, config, withHost, gpus: gpus as string[] };
 }
 
-/** gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes may share one. */
-export async function joinWorld(w: WorldOptions, local: ExportedSegments[], config: string, timeoutMs: number, gpus: string[] = []): Promise<JoinedWorld> {
+/**
+ * gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes may share one.
+ * signal: ends the wait for the other processes (ABORTED); the fd exchange that follows the table
+ * (every process present, bounded by the timeout) is not cut short, the abort is seen after it.
+ */
+export async function joinWorld(w: WorldOptions, local: ExportedSegments[], config: string, timeoutMs: number, gpus: string[] = [], signal?: AbortSignal): Promise<JoinedWorld> {
   const addon = loadAddon();
   const withHost = local.some((e) => e.hostFd >= 0);
   const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config, withHost, gpus };
   const rv = await rendezvous({
     url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: local.length, payload: { ...payload }, timeoutMs,
     ...(w.token !== undefined ? { token: w.token } : {}), ...(w.nodeId !== undefined ? { nodeId: w.nodeId } : {}),
+    ...(signal !== undefined ? { signal } : {}),
   });
   const received: number[] = [];
   try {
+    if (signal?.aborted) throw abortError(`rendezvous at ${w.rendezvous}`, signal);
     const me = rv.peers[rv.self]!;
     for (const p of rv.peers) {
       const theirs = payloadOf(p);
@@ -125,6 +132,7 @@ export async function joinWorld(w: WorldOptions, local: ExportedSegments[], conf
       for (let i = 0; i < p.localRanks; i++) peers[p.rankOffset + i] = { deviceFd: fds[i]!, hostFd: withHost ? fds[p.localRanks + i]! : -1 };
     }
     await serving;
+    if (signal?.aborted) throw abortError(`rendezvous at ${w.rendezvous}`, signal);
     return { peers, received, rv };
   } catch (e) {
     addon.closeFds(received);
