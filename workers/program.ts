@@ -10,7 +10,7 @@ import type {
   CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
 } from '../actors/core/types.js';
 import {
-  checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
+  checkCombineInput, checkDispatchInput, checkHandle, checkOptions, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
 import type { RankOps } from './ops.js';
@@ -166,7 +166,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds (the compute-overlap case) */
     occupySms: (sms: number, ms: number) => (needCuda('occupySms'), native.occupy(sms, ms)),
     openSession: async (opts: { maxBytes: number; maxAllGathers: number }) => {
-      if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
+      checkOptions('options', opts, '{ maxBytes, maxAllGathers }', false);
       checkPositiveInt('maxBytes', opts.maxBytes);
       checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
       ops.sessionOpen(opts.maxBytes, opts.maxAllGathers);
