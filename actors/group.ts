@@ -1,7 +1,7 @@
 // The main thread's view of a group of ranks: one worker per rank, a mirror of each rank's state
 // (plain data, updated by the transitions the workers report), the collective operations in driver
 // mode, rank programs, and teardown. Collectives are queued: calls on one group never interleave.
-import { Worker } from 'node:worker_threads';
+import type { Worker } from 'node:worker_threads';
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'eventemitter3';
 import * as Comlink from 'comlink/dist/esm/comlink.mjs';
@@ -17,10 +17,10 @@ import { ABORT, TRAFFIC, loadAddon, type ExportedSegments } from './core/addon.j
 import { cudaDeviceCount, probeCuda, resolveBackend, type Backend } from './core/backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
 import {
-  checkBufferConfig, checkCombineInput, checkDispatchInput, checkPerRank, checkPositiveInt, checkSameShape,
+  checkBufferConfig, checkCombineInput, checkDispatchInput, checkIntIn, checkOptions, checkPerRank, checkPositiveInt, checkSameShape, checkTestFirstSeq, describe,
   type BufferConfig, type CombineInput, type DispatchHandle, type DispatchInput,
 } from './core/validate.js';
-import { engramSizeHint, sizeHint } from './core/hints.js';
+import { engramSizeHint, sessionBytes, sizeHint } from './core/hints.js';
 import { checkWorld, exchangeSegments, meetWorld, worldWaitMs, type WorldOptions } from './world/join.js';
 import { connectScaleOut } from './world/scaleout.js';
 import type { Rendezvous } from './world/rendezvous.js';
@@ -30,6 +30,8 @@ import { attachInspector, inspectorAddress, type InspectorHandle } from './obser
 import type { GroupObserver } from './observe/timeline.js';
 import { TransitionDecoder } from '../workers/transition-log.js';
 import { HandleRegistry } from './core/handles.js';
+import { abortError, checkSignal } from './core/abort.js';
+import { startWorker } from './core/worker-argv.js';
 import type { CombineResult, DispatchResult } from './core/types.js';
 import type { RankWorkerApi } from '../workers/rank.js';
 import { isWorkerMessage, type RankInit, type TransitionEvent, type WorkerMessage } from '../workers/protocol.js';
@@ -53,6 +55,12 @@ export interface GroupOptions {
   world?: WorldOptions;
   /** Watchers attached before the ranks start (a TimelineRecorder, an inspector server), so they see every transition. */
   observers?: GroupObserver[];
+  /**
+   * Aborts the creation, the wait for the other processes of a world included: every rank that was
+   * started is torn down (workers, memory, fds, the rendezvous' sockets), then createGroup rejects with
+   * RankflowError code 'ABORTED' (its cause: the signal's reason). No effect once the group is ready.
+   */
+  signal?: AbortSignal;
 }
 
 export interface RankSnapshot {
@@ -114,6 +122,10 @@ interface Member {
   untilFailed: Cuts;
   /** the rank's traffic counters (TRAFFIC words, written by its native side) */
   traffic: BigUint64Array;
+  /** calls in flight: the worker keeps the process alive only while there are some */
+  busy: number;
+  /** the id of the run aborted last (workers/run-abort.ts) */
+  runAbort: Int32Array;
 }
 
 /** The rejecters of calls in flight, to settle them early from outside. */
@@ -148,6 +160,8 @@ export class Group extends EventEmitter<GroupEvents> {
   private destroying = false;
   private sessionOpen = false;
   private bufferBytes = 0;
+  private workspaceBytes = 0;
+  private symmetricBytes = 0;
   /** @internal */ detachers: Array<() => void> = [];
   /** @internal */ inspector?: InspectorHandle;
   /** The inspector page's URL ('http://127.0.0.1:PORT/', the port picked when 0 was asked) when created with `inspect: url`; else undefined. */
@@ -158,6 +172,8 @@ export class Group extends EventEmitter<GroupEvents> {
   /** global id of this process's first rank */
   readonly rankOffset: number;
   private rv?: Rendezvous;
+  /** @internal aborted with createGroup's signal: ends the wait for the world */
+  readonly creation = new AbortController();
 
   private constructor(
     /** ranks hosted by this process: driver-mode collectives take one input per local rank */
@@ -175,7 +191,7 @@ export class Group extends EventEmitter<GroupEvents> {
 
   /** @internal use createGroup() */
   static async create(opts: GroupOptions): Promise<Group> {
-    if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be an object { buffer, ranks?, backend?, ... }');
+    checkOptions('options', opts, '{ buffer, ranks?, backend?, ... }', false);
     const backend = checkBackendOption(opts.backend);
     const resolved = resolveBackend(backend);
     const gpus = resolved === 'cuda' ? cudaDeviceCount() : 0;
@@ -194,8 +210,7 @@ export class Group extends EventEmitter<GroupEvents> {
     const ranksPerNode = opts.ranksPerNode ?? worldSize;
     checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);
     if (worldSize % ranksPerNode !== 0) throw invalid('ranksPerNode', `(${ranksPerNode}) must divide the world size (${worldSize})`);
-    if (opts.timeouts !== undefined && (opts.timeouts === null || typeof opts.timeouts !== 'object'))
-      throw invalid('timeouts', 'must be an object { cpuSeconds?, gpuSeconds? }');
+    checkOptions('timeouts', opts.timeouts, '{ cpuSeconds?, gpuSeconds? }');
     const cpuSeconds = checkTimeout('timeouts.cpuSeconds', opts.timeouts?.cpuSeconds ?? config.cpuSeconds);
     const gpuSeconds = checkTimeout('timeouts.gpuSeconds', opts.timeouts?.gpuSeconds ?? config.gpuSeconds);
     if (opts.inspect !== undefined && typeof opts.inspect !== 'function' && typeof opts.inspect !== 'string')
@@ -208,6 +223,9 @@ export class Group extends EventEmitter<GroupEvents> {
     }
     if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
       throw invalid('observers', 'must be an array of objects with attach(group)');
+    const firstSeq = checkTestFirstSeq(config.testFirstSeq);
+    const signal = checkSignal('signal', opts.signal);
+    if (signal?.aborted) throw abortError('createGroup', signal);
     const layout = loadAddon().layout(buffer, worldSize);
     if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
       throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
@@ -215,20 +233,30 @@ export class Group extends EventEmitter<GroupEvents> {
     const group = new Group(size, resolved, buffer, opts, world);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
     for (const o of opts.observers ?? []) group.detachers.push(o.attach(group));
+    // An abort tears the ranks down at once (their waits end); start() then fails, and the error is ABORTED.
+    const onAbort = (): void => {
+      group.creation.abort(signal!.reason);
+      void group.destroy().catch(() => {});
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
     try {
       if (inspectAt) {
         group.inspector = await attachInspector(group, { ...inspectAt, machine: describeMachine(rankMachine), unref: true });
         process.stderr.write(`rankflow: inspector at ${group.inspector.url}\n`);
       }
-      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices });
+      if (signal?.aborted) throw abortError('createGroup', signal);
+      await group.start({ ranksPerNode, cpuSeconds, gpuSeconds, devices, firstSeq });
+      if (signal?.aborted) throw abortError('createGroup', signal);
     } catch (e) {
       await group.destroy().catch(() => {});
-      throw RankflowError.from(e);
+      throw signal?.aborted ? abortError('createGroup', signal) : RankflowError.from(e);
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
     }
     return group;
   }
 
-  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[] }): Promise<void> {
+  private async start(t: { ranksPerNode: number; cpuSeconds: number; gpuSeconds: number; devices?: number[]; firstSeq: number }): Promise<void> {
     // A world meets first: its nodes (by world.nodeId) decide the ranks' domains. Processes must not
     // share a GPU (their kernels time-slice: one waiting for a peer would crawl): each says which GPUs
     // its ranks use, and the world refuses a GPU named by two processes of a node.
@@ -238,7 +266,12 @@ export class Group extends EventEmitter<GroupEvents> {
       withHost: (this.buffer.cpuBytes ?? 0) > 0, timeoutMs: waitMs, localRanks: this.size, backend: this.backend,
       gpus: this.backend === 'cuda' ? localGpuIds(this.size, this.rankOffset, t.devices) : [],
       ...(this.opts.ranksPerNode !== undefined ? { ranksPerNode: this.opts.ranksPerNode } : {}),
+      ...(this.creation.signal ? { signal: this.creation.signal } : {}),
     }) : undefined;
+    if (met && this.destroying) {  // torn down (aborted) while the world formed: its connections go too
+      await met.rv.close();
+      throw new RankflowError('STATE', 'the group was destroyed while its world formed');
+    }
     if (met) this.watchWorld(met.rv);
     const ranksPerNode = met?.nodes.ranksPerNode ?? t.ranksPerNode;
     const scaleOut = (met?.nodes.count ?? 1) > 1;
@@ -248,18 +281,23 @@ export class Group extends EventEmitter<GroupEvents> {
     const sharing = t.devices !== undefined && new Set(t.devices).size < t.devices.length;
     for (let r = 0; r < this.size; r++) {
       const abort = new SharedArrayBuffer(ABORT.bytes);
+      const runAbort = new SharedArrayBuffer(4);
       const init: RankInit = {
         rank: this.rankOffset + r, worldSize: this.worldSize, ranksPerNode, groupId: this.id, buffer: this.buffer,
         cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof this.opts.inspect === 'function',
-        backend: this.backend, abort, traffic: new SharedArrayBuffer(TRAFFIC.bytes),
+        backend: this.backend, abort, runAbort, traffic: new SharedArrayBuffer(TRAFFIC.bytes), ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
         tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
         ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
         ...(scaleOut ? { scaleOut } : {}),
       };
+      this.ranks[r]!.seq = t.firstSeq;
       this.members.push(this.spawn(r, init));
     }
     const exported = await Promise.all(this.members.map((m, r) => this.call(r, () => m.api.exported())));
-    this.bufferBytes = (await this.call(0, () => this.members[0]!.api.info())).bufferBytes;
+    const info = await this.call(0, () => this.members[0]!.api.info());
+    this.bufferBytes = info.bufferBytes;
+    this.workspaceBytes = info.workspaceBytes;
+    this.symmetricBytes = info.symmetricBytes;
     if (!this.world || !met) {
       const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
       if (this.backend === 'cuda') {
@@ -270,7 +308,11 @@ export class Group extends EventEmitter<GroupEvents> {
       await this.all((api) => api.register(peers));
       return;
     }
-    const joined = await exchangeSegments(met, this.world, exported, waitMs);
+    const joined = await exchangeSegments(met, this.world, exported, waitMs, this.creation.signal);
+    if (this.destroying) {  // torn down (aborted) while the world formed
+      loadAddon().closeFds(joined.received);
+      throw new RankflowError('STATE', 'the group was destroyed while its world formed');
+    }
     try {
       if (this.backend === 'cuda') {
         // NCCL's unique id travels from global rank 0's process through the rendezvous.
@@ -319,7 +361,7 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   private spawn(local: number, init: RankInit): Member {
-    const worker = new Worker(WORKER_URL, { workerData: init });
+    const worker = startWorker(WORKER_URL, { workerData: init });
     const handle = this.ranks[local]!;
     const rank = handle.rank;
     worker.on('message', (m: unknown) => {
@@ -345,7 +387,7 @@ export class Group extends EventEmitter<GroupEvents> {
     gone.catch(() => {});
     return {
       worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed,
-      traffic: new BigUint64Array(init.traffic ?? new SharedArrayBuffer(TRAFFIC.bytes)),
+      traffic: new BigUint64Array(init.traffic ?? new SharedArrayBuffer(TRAFFIC.bytes)), busy: 0, runAbort: new Int32Array(init.runAbort),
     };
   }
 
@@ -421,11 +463,21 @@ export class Group extends EventEmitter<GroupEvents> {
     if (m.abortWords) Atomics.store(m.abortWords, ABORT.stopping, 1);
   }
 
-  /** Calls rank r's worker; fails with RANK_FAILED if the worker dies first. */
+  /**
+   * Calls rank r's worker; fails with RANK_FAILED if the worker dies first. While no call is in flight
+   * the worker is unref'd: a process that forgets destroy() still exits when it has nothing else to do
+   * (the workers then end with it); while one is, awaiting it keeps the process alive.
+   */
   private call<T>(r: number, fn: () => Promise<T>): Promise<T> {
     const m = this.members[r]!;
     if (this.ranks[r]!.exited) return m.gone;
-    return cutShort(fn(), [m.untilGone]);
+    if (m.busy++ === 0) m.worker.ref();
+    const idle = (): void => {
+      if (--m.busy === 0 && !this.destroying) m.worker.unref();
+    };
+    const p = cutShort(fn(), [m.untilGone]);
+    p.then(idle, idle);
+    return p;
   }
 
   /**
@@ -446,7 +498,10 @@ export class Group extends EventEmitter<GroupEvents> {
       if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
       for (const h of this.ranks) {
         if (h.error) throw new RankflowError(h.error.code, h.error.message, { rank: h.error.rank ?? h.rank, state: h.state, phase: h.error.phase });
-        if (!states.includes(h.state)) throw new RankflowError('STATE', `rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')}`, { rank: h.rank, state: h.state });
+        if (!states.includes(h.state)) {
+          const why = h.state === 'session.open' ? 'an AGRS session is open: close() it first' : `rank ${h.rank} is in state '${h.state}'`;
+          throw new RankflowError('STATE', `${why} (rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')})`, { rank: h.rank, state: h.state });
+        }
       }
       return body();
     };
@@ -475,10 +530,17 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.ranks.map((h) => ({ rank: h.rank, state: h.state, seq: h.seq, ...(h.error ? { error: h.error.toJSON() } : {}) }));
   }
 
-  barrier(opts: { withCpuSync?: boolean } = {}): Promise<void> {
-    if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') return Promise.reject(invalid('withCpuSync', 'must be a boolean'));
+  barrier(opts?: { withCpuSync?: boolean }): Promise<void> {
+    let withCpuSync: boolean;
+    try {
+      const o = checkOptions<{ withCpuSync: unknown }>('options', opts, '{ withCpuSync? }');
+      if (o.withCpuSync !== undefined && typeof o.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
+      withCpuSync = o.withCpuSync ?? false;
+    } catch (e) {
+      return Promise.reject(e);
+    }
     return this.collective(['ready'], async () => {
-      await this.all((api) => api.barrier(opts.withCpuSync ?? false));
+      await this.all((api) => api.barrier(withCpuSync));
     });
   }
 
@@ -537,13 +599,16 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   async openSession(opts: { maxBytes: number; maxAllGathers: number }): Promise<Session> {
-    if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
+    checkOptions('options', opts, '{ maxBytes, maxAllGathers }', false);
     checkPositiveInt('maxBytes', opts.maxBytes);
     checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
     if (this.sessionOpen) throw new RankflowError('STATE', 'an AGRS session is already open on this group: close() it before opening another');
-    const perGather = Math.ceil((opts.maxBytes * this.worldSize) / 256) * 256;
-    if (perGather * opts.maxAllGathers > this.bufferBytes)
-      throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${perGather * opts.maxAllGathers} bytes exceeds the buffer (${this.bufferBytes} bytes)`);
+    const need = sessionBytes(opts.maxBytes, opts.maxAllGathers, this.worldSize);
+    if (need > this.bufferBytes) {
+      const bytes = Math.ceil((this.workspaceBytes + need) / (2 << 20)) * (2 << 20);
+      throw invalid('maxBytes', `maxBytes * ranks * maxAllGathers = ${need} bytes exceeds the buffer (${this.bufferBytes} bytes): ` +
+        `create the group with buffer.bytes of at least ${bytes} (sessionSizeHint({ maxBytes: ${opts.maxBytes}, maxAllGathers: ${opts.maxAllGathers}, numExperts: ${this.buffer.numExperts} }, ${this.worldSize}))`);
+    }
     await this.collective(['ready'], async () => {
       await this.all((api) => api.sessionOpen(opts.maxBytes, opts.maxAllGathers));
     });
@@ -556,6 +621,7 @@ export class Group extends EventEmitter<GroupEvents> {
   }
   /** @internal */ get sessionIsOpen(): boolean { return this.sessionOpen; }
   /** @internal */ set sessionIsOpen(v: boolean) { this.sessionOpen = v; }
+  /** @internal */ get disposedOrFailed(): boolean { return this.destroying || this.ranks.some((h) => h.error !== undefined); }
 
   engramWrite(storages: Tensor[]): Promise<void> {
     try {
@@ -563,6 +629,7 @@ export class Group extends EventEmitter<GroupEvents> {
       list.forEach((t, r) => checkTensor(`storages[${r}]`, t, { rank: 2 }));
       checkSameShape('storages', list);
       const [entries, hidden] = list[0]!.shape as [number, number];
+      if (hidden === 0) throw invalid('storages[0].shape[1]', 'must be positive: a row needs at least one element');
       const need = engramSizeHint({ entriesPerRank: entries, hidden, dtype: list[0]!.dtype });
       const have = this.buffer.cpuBytes ?? 0;
       if (have < entries * hidden * ELEMENT_BYTES[list[0]!.dtype])
@@ -572,25 +639,28 @@ export class Group extends EventEmitter<GroupEvents> {
     }
     return this.collective(['ready'], async () => {
       await this.all((api, r) => api.engramWrite(storages[r]!));
-      this.engramEntries = storages[0]!.shape[0]!;
     });
   }
-  private engramEntries = -1;
 
   engramFetch(indices: Int32Array[]): Promise<Tensor[]> {
     try {
       const list = checkPerRank<Int32Array>('indices', indices, this.size);
-      if (this.engramEntries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
-      const total = this.engramEntries * this.worldSize;
-      list.forEach((ids, r) => {
-        checkArray(`indices[${r}]`, ids, Int32Array);
-        const bad = ids.findIndex((g) => g < 0 || g >= total);
-        if (bad >= 0) throw invalid(`indices[${r}][${bad}]`, `${ids[bad]} is outside [0, ${total})`);
-      });
+      list.forEach((ids, r) => checkArray(`indices[${r}]`, ids, Int32Array));
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.all((api, r) => api.engramFetch(indices[r]!)));
+    // The table is the one stored by the engramWrite queued before: checked when this call's turn comes.
+    return this.collective(['ready'], async () => {
+      // Asked, not remembered: a rank program may have written the table.
+      const entries = await this.call(0, () => this.members[0]!.api.engramEntries());
+      if (entries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
+      const total = entries * this.worldSize;
+      indices.forEach((ids, r) => {
+        const bad = ids.findIndex((g) => g < 0 || g >= total);
+        if (bad >= 0) throw invalid(`indices[${r}][${bad}]`, `${ids[bad]} is outside [0, ${total})`);
+      });
+      return this.all((api, r) => api.engramFetch(indices[r]!));
+    });
   }
 
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
@@ -605,22 +675,90 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.collective(['ready'], () => this.all((api, r) => api.ppExchange(tensors[r]!)));
   }
 
-  /** Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args). */
-  run<T = unknown>(moduleUrl: string | URL, args?: unknown): Promise<T[]> {
-    if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) return Promise.reject(invalid('moduleUrl', 'must be a string or URL'));
+  /**
+   * Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args).
+   * `signal`: aborted before the run's turn (runs queue like collectives), the run is skipped; aborted
+   * while the programs run, they see it (rank.aborted, rank.signal, rank.anyAborted(): a program stops
+   * when it chooses to, ideally after the same collective on every rank) and the run rejects with
+   * ABORTED once every program has ended. Either way the rejection is RankflowError code 'ABORTED'.
+   */
+  run<T = unknown>(moduleUrl: string | URL, args?: unknown, opts?: { signal?: AbortSignal }): Promise<T[]> {
+    let signal: AbortSignal | undefined;
+    try {
+      if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) throw invalid('moduleUrl', `must be a string or URL (got ${describe(moduleUrl)})`);
+      signal = checkSignal('options.signal', checkOptions<{ signal: unknown }>('options', opts, '{ signal? }').signal);
+      if (signal?.aborted) throw abortError('group.run', signal);
+    } catch (e) {
+      return Promise.reject(e);
+    }
     const url = moduleUrl.toString();
-    return this.collective(['ready'], () => this.all((api) => api.run(url, args) as Promise<T>));
+    if (!signal) return this.collective(['ready'], () => this.all((api) => api.run(url, args) as Promise<T>));
+    return this.runUnless(url, args, signal);
+  }
+  private runs = 0;
+
+  private runUnless<T>(url: string, args: unknown, signal: AbortSignal): Promise<T[]> {
+    return new Promise<T[]>((resolve, reject) => {
+      let running = 0;  // the run's id while its programs run
+      let early = false;
+      const onAbort = (): void => {
+        if (running === 0) {
+          early = true;  // skipped when its turn comes
+          return reject(abortError('group.run', signal));
+        }
+        const reason = abortError('group.run', signal).message;
+        for (const m of this.members) {
+          Atomics.store(m.runAbort, 0, running);
+          void m.api.abortRun(running, reason).catch(() => {});
+        }
+      };
+      signal.addEventListener('abort', onAbort, { once: true });
+      let aborted = false;
+      this.collective(['ready'], async () => {
+        if (early) throw abortError('group.run', signal);
+        running = ++this.runs;
+        try {
+          return await this.all((api) => api.run(url, args, running) as Promise<T>);
+        } finally {
+          aborted = signal.aborted;
+          running = 0;
+        }
+      }).then(
+        (out) => (aborted ? reject(abortError('group.run', signal)) : resolve(out)),
+        // A failure of the ranks themselves is not hidden behind the abort.
+        (e: unknown) => reject(aborted && !this.ranks.some((h) => h.error) ? abortError('group.run', signal) : e),
+      ).finally(() => signal.removeEventListener('abort', onAbort));
+    });
   }
 
-  /** Driver-mode layout probes (tests): write through rank `from`'s translated pointer into `to`'s window. */
+  /**
+   * Layout probes (tests): write `bytes` through local rank `from`'s translated pointer into global rank
+   * `to`'s window at `offset` (within the symmetric segment: [0, symmetricBytes - bytes.length]).
+   */
   async writePeer(from: number, to: number, offset: number, bytes: Uint8Array): Promise<bigint> {
+    this.checkProbe('from', from);
+    checkIntIn('to', to, 0, this.worldSize - 1);
+    if (!(bytes instanceof Uint8Array)) throw invalid('bytes', `must be a Uint8Array (got ${describe(bytes)})`);
+    checkIntIn('offset', offset, 0, Math.max(0, this.symmetricBytes - bytes.length));
+    if (bytes.length > this.symmetricBytes) throw invalid('bytes', `has ${bytes.length} bytes; the symmetric segment has ${this.symmetricBytes}`);
     return this.call(from, () => this.members[from]!.api.writePeer(to, offset, bytes));
   }
+  /** Layout probes (tests): `length` bytes of local rank `rank`'s own window from `offset` (within the symmetric segment). */
   async readWindow(rank: number, offset: number, length: number): Promise<Uint8Array> {
+    this.checkProbe('rank', rank);
+    checkIntIn('offset', offset, 0, this.symmetricBytes);
+    checkIntIn('length', length, 0, this.symmetricBytes - offset);
     return this.call(rank, () => this.members[rank]!.api.readWindow(offset, length));
   }
+  /** What local rank `rank` (an index in [0, size)) says of itself: memory kind, windows, domains, seq, state. */
   async info(rank: number) {
+    this.checkProbe('rank', rank);
     return this.call(rank, () => this.members[rank]!.api.info());
+  }
+  /** A probe names a local rank of a group that is not destroyed. */
+  private checkProbe(name: string, rank: unknown): void {
+    checkIntIn(name, rank, 0, this.size - 1);
+    if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed', { rank: this.rankOffset + (rank as number), state: 'destroyed' });
   }
 
   /** @internal */
@@ -638,6 +776,7 @@ export class Group extends EventEmitter<GroupEvents> {
       h.state = 'failed';
     }
     this.stopRank(m);
+    m.worker.ref();  // the process waits for the worker's end it awaits
     await m.worker.terminate();
     await m.gone.catch(() => {});
   }
@@ -655,6 +794,7 @@ export class Group extends EventEmitter<GroupEvents> {
         // A worker blocked in a wait (a peer that never came) only takes terminate() once it stops waiting.
         this.stopRank(m);
         m.api[Comlink.releaseProxy]();
+        m.worker.ref();
         await m.worker.terminate();
         const h = this.ranks[r]!;
         if (h.state !== 'destroyed') {
@@ -670,6 +810,11 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.destroyed;
   }
   private destroyed: Promise<void> = Promise.resolve();
+
+  /** `await using group = await createGroup(...)`: destroy() when the scope ends. */
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.destroy();
+  }
 }
 
 /** An AGRS session: every rank is in its `session` state until close(). */
@@ -724,6 +869,15 @@ export class Session {
 
   private checkOpen(): void {
     if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
+  }
+
+  /**
+   * `await using s = await group.openSession(...)`: close() when the scope ends, unless the session is
+   * closed already or its group is destroyed or failed (nothing is left to close then).
+   */
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (this.closed || this.group.disposedOrFailed) return;
+    await this.close();
   }
 
   /** Every collective takes a fresh part of the session's buffer: refuse the one that would not fit. */

@@ -39,8 +39,10 @@ export interface RankContext {
   cpuSeconds: number;
   gpuSeconds: number;
   op: OpName | null;
-  /** collectives started so far: the same number on every rank for the same collective */
+  /** collectives started so far (from firstSeq): the same number on every rank for the same collective */
   seq: number;
+  /** seq before the op in progress began: a refused op (nothing moved) puts it back */
+  seqBefore: number;
   error: FailureInfo | null;
   /** asynchronous ops issued and not yet waited for, by kind */
   inflight: Record<InFlightKind, number>;
@@ -50,6 +52,8 @@ export interface RankInput {
   rank: number;
   cpuSeconds?: number;
   gpuSeconds?: number;
+  /** tests: where the sequence starts (RANKFLOW_TEST_FIRST_SEQ; default 0) */
+  firstSeq?: number;
 }
 
 export type RankEvent =
@@ -88,12 +92,13 @@ const OPS: Record<string, OpName> = {
 };
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
-/** An op taken from `ready` ends in engram.fetching while fetches are in flight, else in ready. */
+/** An op taken from `ready` ends in engram.fetching while fetches are in flight, else in ready; a refusal
+ * (EINVAL: nothing moved) gives the op's seq back, any other FAILED fails the rank. */
 const settleReady = {
   DONE: [{ target: '#rank.engram.fetching', guard: 'fetching', actions: 'done' }, { target: '#rank.ready', actions: 'done' }],
   FAILED: [
-    { target: '#rank.engram.fetching', guard: { type: 'refusedWhile', params: { kind: 'fetch' } }, actions: 'done' },
-    { target: '#rank.ready', guard: 'refused', actions: 'done' },
+    { target: '#rank.engram.fetching', guard: { type: 'refusedWhile', params: { kind: 'fetch' } }, actions: 'refuse' },
+    { target: '#rank.ready', guard: 'refused', actions: 'refuse' },
     { target: '#rank.failed', actions: 'fail' },
   ],
 } as const;
@@ -136,9 +141,9 @@ const sessionOp = <S extends string, T extends string>(kind: 'gather' | 'reduce'
         { target: '#rank.session.open', actions: 'done' },
       ],
       FAILED: [
-        { target: self, guard: { type: 'refusedWhile', params: { kind } }, actions: 'done' },
-        { target: there, guard: { type: 'refusedWhile', params: { kind: other } }, actions: 'done' },
-        { target: '#rank.session.open', guard: 'refused', actions: 'done' },
+        { target: self, guard: { type: 'refusedWhile', params: { kind } }, actions: 'refuse' },
+        { target: there, guard: { type: 'refusedWhile', params: { kind: other } }, actions: 'refuse' },
+        { target: '#rank.session.open', guard: 'refused', actions: 'refuse' },
         { target: '#rank.failed', actions: 'fail' },
       ],
       ISSUED: { actions: ['done', 'issue'] },
@@ -164,8 +169,11 @@ export const rankMachine = setup({
     /** A collective starts: name it, and count it (a replay counts its graph's ops). */
     begin: assign(({ context, event }) => ({
       op: OPS[event.type] ?? null,
+      seqBefore: context.seq,
       seq: context.seq + (event.type === 'REPLAY' ? event.ops : 1),
     })),
+    /** The op was refused before it moved anything (the native side took no sequence number): nor does the machine. */
+    refuse: assign(({ context }) => ({ op: null, seq: context.seqBefore })),
     /** REGISTER and DESTROY are not collectives: no seq. */
     lifecycle: assign(({ event }) => ({ op: event.type === 'REGISTER' ? ('register' as const) : ('destroy' as const) })),
     done: assign({ op: null }),
@@ -205,7 +213,8 @@ export const rankMachine = setup({
     cpuSeconds: input.cpuSeconds ?? 300,
     gpuSeconds: input.gpuSeconds ?? 100,
     op: null,
-    seq: 0,
+    seq: input.firstSeq ?? 0,
+    seqBefore: input.firstSeq ?? 0,
     error: null,
     inflight: { gather: 0, reduce: 0, fetch: 0 },
   }),
@@ -253,7 +262,7 @@ export const rankMachine = setup({
         opening: {
           on: {
             DONE: { target: 'open', actions: 'done' },
-            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'done' }, { target: '#rank.failed', actions: 'fail' }],
+            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
           },
         },
         open: {

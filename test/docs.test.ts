@@ -146,6 +146,12 @@ describe('docs/api.md covers the package', () => {
                 const flags = ts.getCombinedModifierFlags(d);
                 if (flags & (ts.ModifierFlags.Private | ts.ModifierFlags.Protected)) continue;
                 if (ts.getJSDocTags(d).some((t) => t.tagName.text === 'internal')) continue;
+                // Symbol-keyed members (Symbol.asyncDispose, Symbol.dispose) are named by their symbol
+                const symbol = /^__@(\w+)@\d+$/.exec(p.name);
+                if (symbol) {
+                    if (!api.includes(`Symbol.${symbol[1]}`)) missing.push(`${checker.typeToString(type).slice(0, 40)}[Symbol.${symbol[1]}]`);
+                    continue;
+                }
                 if (!api.includes(`\`${p.name}`) && !api.includes(`${p.name}(`)) missing.push(`${checker.typeToString(type).slice(0, 40)}.${p.name}`);
             }
         }

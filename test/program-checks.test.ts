@@ -19,6 +19,8 @@ describe('rank-program input checks', () => {
     ['engramFetch', /^indices: must be a Int32Array/],
     ['ppExchange', /^input\.data: must be a Int32Array/],
     ['openSession', /^maxBytes: must be a positive integer/],
+    ['openSessionArray', /^options: must be an object \{ maxBytes, maxAllGathers \}/],
+    ['barrierNumber', /^options: must be \{ withCpuSync\? \}/],
   ])('%s with a bad argument is EINVAL naming it, and the ranks stay ready', async (call, message) => {
     const answers = await group.run<{ code?: string; message?: string }>(program, { call });
     for (const a of answers) expect(a).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });

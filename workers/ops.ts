@@ -8,6 +8,7 @@ import {
 } from '../actors/core/addon.js';
 import { DeviceTensor } from '../actors/core/device-tensor.js';
 import { HandleRegistry } from '../actors/core/handles.js';
+import { RankflowError } from '../actors/core/errors.js';
 import { ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
 import type {
   CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
@@ -23,8 +24,8 @@ export class RankOps {
   readonly handles = new HandleRegistry();
   private readonly f64: Float64Array;
   private readonly u64: BigUint64Array;
-  /** @internal the engram table's row type (rank programs' async fetches shape their rows with it) */
-  engram: { dtype: DType; rowShape: number[] } | null = null;
+  /** @internal the engram table's row type and entries (rank programs' async fetches shape their rows with it) */
+  engram: { dtype: DType; rowShape: number[]; entries: number } | null = null;
   /** the receive buffer's regions as device tensors: the outputs of every outputsInBuffer dispatch */
   private views: Record<string, DeviceTensor> | null = null;
 
@@ -248,15 +249,22 @@ export class RankOps {
     const [entries, ...row] = t.shape;
     const rowBytes = numel(row) * ELEMENT_BYTES[t.dtype];
     this.run(EVENTS.engramWrite, () => this.native.engramWrite(t.data, entries!, rowBytes));
-    this.engram = { dtype: t.dtype, rowShape: row };
+    this.engram = { dtype: t.dtype, rowShape: row, entries: entries! };
+  }
+
+  /** Entries per rank of the stored engram table, -1 if none is. */
+  get engramEntries(): number {
+    return this.engram?.entries ?? -1;
   }
 
   engramFetch(ids: Int32Array): Tensor {
     const meta = this.engram;
-    const rowBytes = meta ? numel(meta.rowShape) * ELEMENT_BYTES[meta.dtype] : 0;
+    // Refused before the machine moves: nothing is fetched, the rank stays ready.
+    if (!meta) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored', { rank: this.init.rank, state: this.runner.state() });
+    const rowBytes = numel(meta.rowShape) * ELEMENT_BYTES[meta.dtype];
     const out = new Uint8Array(ids.length * rowBytes);
     this.run(EVENTS.engramFetch, () => this.native.engramFetch(ids, out));
-    return fromBytes(meta!.dtype, [ids.length, ...meta!.rowShape], out);
+    return fromBytes(meta.dtype, [ids.length, ...meta.rowShape], out);
   }
 
   ppExchange(t: Tensor): Tensor {

@@ -13,12 +13,13 @@ import type {
   PendingFetch,
 } from '../actors/core/types.js';
 import {
-  checkCombineInput, checkDispatchInput, checkHandle, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
+  checkCombineInput, checkDispatchInput, checkHandle, checkOptions, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
 import type { RankOps } from './ops.js';
 import { interopMethods } from './interop.js';
 import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
+import { RunAbortState } from './run-abort.js';
 
 /** A captured sequence of no-CPU-sync ops (rank.capture): every replay is new collectives. */
 export interface CapturedGraph {
@@ -28,7 +29,8 @@ export interface CapturedGraph {
   free(): void;
 }
 
-export function programHandle(ops: RankOps) {
+/** `run`: the abort of the group.run that calls the program (workers/run-abort.ts); none by default. */
+export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0)) {
   const { rank, worldSize, buffer, groupId, backend } = ops.init;
   const native = ops.native;
   const cuda = backend === 'cuda';
@@ -94,6 +96,16 @@ export function programHandle(ops: RankOps) {
     get state(): string {
       return ops.runner.state();
     },
+    /** group.run's signal was aborted (read at once, from shared memory); see workers/run-abort.ts */
+    get aborted(): boolean {
+      return run.aborted;
+    },
+    /** group.run's signal, for async APIs (timers, fetch): aborted once the worker hears of it, or rank.aborted is read true */
+    get signal(): AbortSignal {
+      return run.signal;
+    },
+    /** A collective (every rank calls it at the same point): true on every rank if any rank had seen the run aborted. */
+    anyAborted: async (): Promise<boolean> => run.anyAborted(ops),
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare) */
     info: () => native.info(),
     async barrier(opts?: { withCpuSync?: boolean }) {

@@ -23,6 +23,10 @@ export interface RankInit {
   traffic?: SharedArrayBuffer;
   /** the world spans nodes that share no memory: the rank's ops run in two levels */
   scaleOut?: boolean;
+  /** one Int32 word: the id of the group.run the main thread aborted (workers/run-abort.ts) */
+  runAbort: SharedArrayBuffer;
+  /** tests only (RANKFLOW_TEST_FIRST_SEQ): the sequence number the rank's collectives start after */
+  firstSeq?: number;
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */
   tuning: { ceMinBytes: number; cooperative: boolean; ncclHome?: string };
 }

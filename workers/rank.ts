@@ -17,6 +17,7 @@ import { RankOps } from './ops.js';
 import { programHandle } from './program.js';
 import type { RankInit } from './protocol.js';
 import { EVENTS, RankRunner } from './runner.js';
+import { RunAborts } from './run-abort.js';
 
 if (!parentPort) throw new Error('workers/rank.js must run in a worker thread');
 const port = parentPort;
@@ -39,12 +40,14 @@ const native = new addon.Context({
   ceMinBytes: init.tuning.ceMinBytes,
   cooperative: init.tuning.cooperative,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
+  ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),
 }, new Int32Array(init.abort));
 
 if (init.traffic) native.trafficWords(new BigUint64Array(init.traffic));
 
-const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds }, port, init.inspect);
+const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0 }, port, init.inspect);
 const ops = new RankOps(init, native, runner);
+const runs = new RunAborts(new Int32Array(init.runAbort));
 // A wait that lasts: the main thread sees the rank's state while its thread is blocked in the op.
 native.onSlowWait(() => runner.flush());
 
@@ -81,6 +84,10 @@ const api = {
   state(): string {
     return runner.state();
   },
+  /** entries per rank of the engram table this rank stores (written in driver mode or by a rank program), -1 if none */
+  engramEntries(): number {
+    return ops.engramEntries;
+  },
   /** Layout probes (tests): through this rank's translated pointer into `peer`'s window. */
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint {
     return native.writePeer(peer, offset, bytes);
@@ -88,11 +95,20 @@ const api = {
   readWindow(offset: number, length: number): Uint8Array {
     return native.readWindow(offset, length);
   },
-  async run(moduleUrl: string, args: unknown): Promise<unknown> {
+  /** runId: the group's number for this run (0: no signal), written to the runAbort word when it is aborted */
+  async run(moduleUrl: string, args: unknown, runId = 0): Promise<unknown> {
     const url = moduleUrl.startsWith('file:') || moduleUrl.includes('://') ? moduleUrl : pathToFileURL(moduleUrl).href;
     const mod = (await import(url)) as { default?: (rank: unknown, args: unknown) => unknown };
     if (typeof mod.default !== 'function') throw new RankflowError('EINVAL', `moduleUrl: ${moduleUrl} has no default export function (rank, args)`);
-    return mod.default(programHandle(ops), args);
+    const state = runs.begin(runId);
+    try {
+      return await mod.default(programHandle(ops, state), args);
+    } finally {
+      runs.end(state);
+    }
+  },
+  abortRun(runId: number, reason: string): void {
+    runs.abort(runId, reason);
   },
   destroy(): void {
     if (runner.state() === 'destroyed') return;

@@ -68,6 +68,8 @@ interface Step {
   toValue: StateValue;
   toId: number;
   seq: number | 'ops';
+  /** the step is an op's beginning: seqBefore becomes the seq before it */
+  marksBefore: boolean;
   op: OpName | null;
   opId: number;
 }
@@ -103,6 +105,8 @@ export class RankRunner {
   private value: StateValue = 'init';
   private pathId: number;
   private seqNow = 0;
+  /** the machine's seqBefore (the seq before the op in progress: a refusal gives it back) */
+  private seqBefore = 0;
   private op: OpName | null = null;
   private readonly log: TransitionLog;
   private readonly outbox: WorkerMessage[] = [];
@@ -111,11 +115,12 @@ export class RankRunner {
 
   constructor(
     readonly rank: number,
-    timeouts: { cpuSeconds: number; gpuSeconds: number },
+    timeouts: { cpuSeconds: number; gpuSeconds: number; firstSeq?: number },
     private readonly port: { postMessage(m: unknown): void },
     private readonly inspect: boolean,
   ) {
     this.input = { rank, ...timeouts };
+    this.seqNow = this.seqBefore = timeouts.firstSeq ?? 0;
     this.log = new TransitionLog(rank);
     this.pathId = this.log.id('init');
     this.actor = this.makeActor();
@@ -210,7 +215,7 @@ export class RankRunner {
     if (this.stale) {
       const ctx = this.actor.getSnapshot().context;
       this.actor.stop();
-      this.actor = this.makeActor(rankMachine.resolveState({ value: this.value, context: { ...ctx, seq: this.seqNow, op: this.op } }));
+      this.actor = this.makeActor(rankMachine.resolveState({ value: this.value, context: { ...ctx, seq: this.seqNow, seqBefore: this.seqBefore, op: this.op } }));
       this.stale = false;
     }
     return this.actor;
@@ -227,6 +232,7 @@ export class RankRunner {
       this.path = step.to;
       this.value = step.toValue;
       this.pathId = step.toId;
+      if (step.marksBefore) this.seqBefore = this.seqNow;
       this.seqNow += step.seq === 'ops' ? (event as { ops: number }).ops : step.seq;
       this.op = step.op;
       this.stale = true;
@@ -251,6 +257,7 @@ export class RankRunner {
     this.value = snap.value;
     this.pathId = this.log.id(to);
     this.seqNow = c.seq;
+    this.seqBefore = c.seqBefore;
     this.op = c.op;
     if (to === from) return true;
     const phases = (event as { phases?: readonly string[] }).phases;
@@ -271,15 +278,18 @@ export class RankRunner {
   }
 
   /** Remembers what the machine did with a hot event here, to replay it next time without the actor. */
-  private learn(event: RankEvent, before: { seq: number; op: OpName | null }, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
+  private learn(event: RankEvent, before: { seq: number; seqBefore: number; op: OpName | null }, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
     const delta = snap.context.seq - before.seq;
+    // The step either marks where the op began (seqBefore = the seq before it) or leaves seqBefore be.
+    const marksBefore = snap.context.seqBefore !== before.seqBefore || (delta !== 0 && snap.context.seqBefore === before.seq);
+    if (marksBefore && snap.context.seqBefore !== before.seq) return;  // anything else: not memoised
     const seq = event.type === 'REPLAY' ? (delta === (event as { ops: number }).ops ? 'ops' : null) : delta;
     if (seq === null) return;
     const op = snap.context.op ?? (event.type === 'DONE' ? opOf(this.path) ?? null : null);
     const steps = before.op === null ? this.stepsIdle : this.stepsBusy;
     let here = steps.get(this.path);
     if (!here) steps.set(this.path, (here = new Map()));
-    here.set(event.type, { to, toValue: snap.value, toId: this.log.id(to), seq, op: snap.context.op, opId: op ? this.log.id(op) : -1 });
+    here.set(event.type, { to, toValue: snap.value, toId: this.log.id(to), seq, marksBefore, op: snap.context.op, opId: op ? this.log.id(op) : -1 });
   }
 
   private record(from: number, to: number, event: number, op: number, phases: number): void {

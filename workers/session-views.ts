@@ -272,7 +272,7 @@ const viewOffsets = new WeakMap<object, number>();
 
 /** rank.openSession: every rank enters the session state (collective), then gets its handle. */
 export function openRankSession(ops: RankOps, opts: { maxBytes: number; maxAllGathers: number }): RankSession {
-  if (opts === null || typeof opts !== 'object') throw invalid('options', 'must be { maxBytes, maxAllGathers }');
+  if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be an object { maxBytes, maxAllGathers }');
   checkPositiveInt('maxBytes', opts.maxBytes);
   checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
   refuseWhileFetching(ops, 'openSession');

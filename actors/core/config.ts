@@ -35,6 +35,11 @@ export const config = {
   get ceMinBytes(): number { return num(env.RANKFLOW_CE_MIN_BYTES, 48 * 1024 * 1024); },
   /** DEBUG: the switch most JavaScript tools read; `rankflow` in it turns on the debug log (actors/observe/debug.ts; NODE_DEBUG works through node itself). */
   debug: env.DEBUG,
+  /**
+   * RANKFLOW_TEST_FIRST_SEQ (tests only): the sequence number a group's collectives start after,
+   * e.g. 4294967294 to run across 2^32; read at each createGroup and checked there (checkTestFirstSeq in validate.ts: at most 2^53 - 2^32).
+   */
+  get testFirstSeq(): string | undefined { return env.RANKFLOW_TEST_FIRST_SEQ === '' ? undefined : env.RANKFLOW_TEST_FIRST_SEQ; },
   /** RANKFLOW_COOPERATIVE=0: launch the cuda kernels that wait on each other without the cooperative attribute; read at each createGroup. */
   get cooperative(): boolean { return env.RANKFLOW_COOPERATIVE !== '0'; },
 } as const;

@@ -3,7 +3,7 @@
 // when the group is destroyed; `toHost()` copies it back after the rank's queued work. Also device
 // memory of the application's own (`rank.wrapDevice`): never freed here, its owner kept until free().
 import { invalid, RankflowError } from './errors.js';
-import { ELEMENT_BYTES, fromBytes, numel, type DType, type Tensor } from './tensor.js';
+import { ELEMENT_BYTES, fromBytes, isDType, numel, type DType, type Tensor } from './tensor.js';
 
 /** What a device tensor needs from its rank's native context. */
 export interface DeviceMemory {
@@ -64,6 +64,11 @@ export class DeviceTensor<D extends DType = DType> {
     this.owner = undefined;
     if (this.owned) this.mem.deviceFree(this.address);
   }
+
+  /** `using t = rank.tensor(...)`: free() when the scope ends. */
+  [Symbol.dispose](): void {
+    this.free();
+  }
 }
 
 export const isDeviceTensor = (t: unknown): t is DeviceTensor => t instanceof DeviceTensor;
@@ -76,7 +81,7 @@ export function deviceEmpty<D extends DType>(mem: DeviceMemory, dtype: D, shape:
 /** A device tensor of `dtype` and `shape`, zero-filled or holding `data` (host typed array of the same bytes). */
 export function deviceTensor<D extends DType>(mem: DeviceMemory, dtype: D, shape: number[], data?: ArrayBufferView): DeviceTensor<D> {
   if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid('shape', 'must be a list of non-negative integers');
-  if (!(dtype in ELEMENT_BYTES)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
+  if (!isDType(dtype)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
   const bytes = numel(shape) * ELEMENT_BYTES[dtype];
   if (data !== undefined && data.byteLength !== bytes) throw invalid('data', `has ${data.byteLength} bytes; [${shape.join(', ')}] ${dtype} needs ${bytes}`);
   const t = new DeviceTensor(mem, dtype, shape, mem.deviceAlloc(bytes));

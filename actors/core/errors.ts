@@ -1,7 +1,8 @@
 // RankflowError: the one error type of the public API, with a code callers can switch on.
-export type RankflowErrorCode = 'EINVAL' | 'TIMEOUT_CPU' | 'TIMEOUT_GPU' | 'RANK_FAILED' | 'BACKEND_UNAVAILABLE' | 'STATE';
+/** ABORTED: an AbortSignal given to createGroup or group.run ended it (the error's cause is the signal's reason). */
+export type RankflowErrorCode = 'EINVAL' | 'TIMEOUT_CPU' | 'TIMEOUT_GPU' | 'RANK_FAILED' | 'BACKEND_UNAVAILABLE' | 'STATE' | 'ABORTED';
 
-const CODES: ReadonlySet<string> = new Set(['EINVAL', 'TIMEOUT_CPU', 'TIMEOUT_GPU', 'RANK_FAILED', 'BACKEND_UNAVAILABLE', 'STATE']);
+const CODES: ReadonlySet<string> = new Set(['EINVAL', 'TIMEOUT_CPU', 'TIMEOUT_GPU', 'RANK_FAILED', 'BACKEND_UNAVAILABLE', 'STATE', 'ABORTED']);
 
 export class RankflowError extends Error {
   readonly code: RankflowErrorCode;

@@ -1,12 +1,15 @@
 // Size hints (DeepEP's get_buffer_size_hint): computed from the layouts the native side defines.
+// Each takes the same arguments createGroup takes and refuses what createGroup refuses (EINVAL naming
+// the argument): world sizes outside [1, 64], sizes past what a rank can map, unknown dtypes.
 import { invalid } from './errors.js';
 import { loadAddon } from './addon.js';
-import { ELEMENT_BYTES, type DType } from './tensor.js';
+import { ELEMENT_BYTES, isDType, type DType } from './tensor.js';
+import { MAX_SEGMENT_BYTES, checkBufferConfig, checkPositiveInt } from './validate.js';
 
 const ALIGN = 2 * 1024 * 1024;
-const alignUp = (n: number): number => Math.ceil(n / ALIGN) * ALIGN;
-/** Every session collective starts its region at this alignment (kernels/protocol.hpp kRegionAlignment). */
-const REGION = 256;
+/** Collectives of a session start at multiples of this (kernels/protocol.hpp kRegionAlignment). */
+const REGION_ALIGN = 256;
+const alignUp = (n: number, a = ALIGN): number => Math.ceil(n / a) * a;
 
 export interface EpSizes {
   maxTokensPerRank: number;
@@ -17,43 +20,70 @@ export interface EpSizes {
   hybrid?: boolean;
 }
 
+/** The world size a hint is for: what createGroup accepts (ranks, or world.size). */
+export function checkWorldSize(worldSize: unknown): number {
+  if (typeof worldSize !== 'number' || !Number.isInteger(worldSize) || worldSize < 1 || worldSize > 64)
+    throw invalid('worldSize', `must be an integer in [1, 64] (got ${String(worldSize)})`);
+  return worldSize;
+}
+
+/** A size in bytes no rank can map is refused rather than returned. */
+function checkResult(name: string, bytes: number): number {
+  if (!(bytes <= MAX_SEGMENT_BYTES)) throw invalid(name, `needs ${bytes} bytes per rank, more than the ${MAX_SEGMENT_BYTES} a rank can map`);
+  return bytes;
+}
+
+/** The workspace (signals, per-expert counters) a world of this size has; numExperts default one per rank. */
+function workspaceBytes(numExperts: unknown, worldSize: number): number {
+  const e = checkPositiveInt('numExperts', numExperts ?? worldSize, 1 << 16);
+  if (e % worldSize !== 0) throw invalid('numExperts', `(${String(e)}) must be a multiple of the world size (${worldSize})`);
+  return loadAddon().layout({ maxTokensPerRank: 1, hidden: 8, topk: 1, numExperts: e }, worldSize).workspace.bytes;
+}
+
 /** Bytes of symmetric memory (workspace + buffer) a rank needs for dispatch/combine; 2 MiB aligned. */
 export function sizeHint(cfg: EpSizes, worldSize: number): number {
-  if (!Number.isInteger(worldSize) || worldSize < 1 || worldSize > 64) throw invalid('worldSize', `must be an integer in [1, 64] (got ${worldSize})`);
-  for (const k of ['maxTokensPerRank', 'hidden', 'topk', 'numExperts'] as const) {
-    if (!Number.isInteger(cfg?.[k]) || cfg[k] <= 0) throw invalid(k, `must be a positive integer (got ${String(cfg?.[k])})`);
-  }
-  return loadAddon().layout(cfg, worldSize).sizeHint;
+  const w = checkWorldSize(worldSize);
+  if (cfg === null || typeof cfg !== 'object' || Array.isArray(cfg)) throw invalid('config', 'must be { maxTokensPerRank, hidden, topk, numExperts, fp8Dispatch?, hybrid? }');
+  checkBufferConfig(cfg, w, '');
+  return checkResult('config', loadAddon().layout(cfg, w).sizeHint);
 }
 
 /** Bytes of host segment (buffer.cpuBytes) an engram table of this size needs; 2 MiB aligned. */
 export function engramSizeHint(t: { entriesPerRank: number; hidden: number; dtype?: DType }): number {
-  if (!Number.isInteger(t?.entriesPerRank) || t.entriesPerRank <= 0) throw invalid('entriesPerRank', 'must be a positive integer');
-  if (!Number.isInteger(t.hidden) || t.hidden <= 0) throw invalid('hidden', 'must be a positive integer');
-  return alignUp(t.entriesPerRank * t.hidden * ELEMENT_BYTES[t.dtype ?? 'bf16']);
-}
-
-/** Bytes of buffer a pipeline exchange of `maxBytes` per rank needs (plus the workspace). */
-/** `numExperts`: the group's buffer.numExperts (its per-expert counters live in the workspace); default one per rank. */
-export function ppSizeHint(t: { maxBytes: number; numExperts?: number }, worldSize: number): number {
-  if (!Number.isInteger(t?.maxBytes) || t.maxBytes <= 0) throw invalid('maxBytes', 'must be a positive integer');
-  const numExperts = t.numExperts ?? worldSize;
-  if (!Number.isInteger(numExperts) || numExperts <= 0 || numExperts % worldSize !== 0)
-    throw invalid('numExperts', `must be a positive multiple of the world size (got ${String(t.numExperts)})`);
-  const ws = loadAddon().layout({ maxTokensPerRank: 1, hidden: 8, topk: 1, numExperts }, worldSize).workspace.bytes;
-  return ws + alignUp(t.maxBytes);
+  if (t === null || typeof t !== 'object' || Array.isArray(t)) throw invalid('table', 'must be { entriesPerRank, hidden, dtype? }');
+  checkPositiveInt('entriesPerRank', t.entriesPerRank);
+  checkPositiveInt('hidden', t.hidden);
+  const dtype = t.dtype ?? 'bf16';
+  if (!isDType(dtype)) throw invalid('dtype', `must be one of bf16, fp32, fp8e4m3, int32 (got ${String(dtype)})`);
+  return checkResult('entriesPerRank', alignUp(t.entriesPerRank * t.hidden * ELEMENT_BYTES[dtype]));
 }
 
 /**
- * Bytes of symmetric memory (buffer.bytes) for AGRS sessions of up to `maxAllGathers` collectives of
- * `maxBytes` per rank each (what openSession({ maxBytes, maxAllGathers }) needs), 2 MiB aligned.
- * Sessions and dispatch/combine use the same buffer, one at a time: a group that does both needs
- * the larger of this and sizeHint. `numExperts`: the group's buffer.numExperts, as for ppSizeHint.
+ * Bytes of buffer (buffer.bytes) a pipeline exchange of `maxBytes` per rank needs, workspace included.
+ * `numExperts`: the group's buffer.numExperts (its per-expert counters live in the workspace); default one per rank.
+ */
+export function ppSizeHint(t: { maxBytes: number; numExperts?: number }, worldSize: number): number {
+  const w = checkWorldSize(worldSize);
+  if (t === null || typeof t !== 'object' || Array.isArray(t)) throw invalid('exchange', 'must be { maxBytes, numExperts? }');
+  checkPositiveInt('maxBytes', t.maxBytes, MAX_SEGMENT_BYTES);
+  return checkResult('maxBytes', workspaceBytes(t.numExperts, w) + alignUp(t.maxBytes));
+}
+
+/** Bytes of buffer an AGRS session's collectives take: maxAllGathers regions of maxBytes from every rank. */
+export function sessionBytes(maxBytes: number, maxAllGathers: number, worldSize: number): number {
+  return maxAllGathers * alignUp(maxBytes * worldSize, REGION_ALIGN);
+}
+
+/**
+ * The buffer.bytes a group needs to open a session of `maxBytes` per rank and `maxAllGathers`
+ * collectives (what openSession checks), workspace included; 2 MiB aligned. `numExperts`: the group's
+ * buffer.numExperts (default one per rank). A group also needs sizeHint(...) for dispatch/combine:
+ * give it the larger of the two.
  */
 export function sessionSizeHint(t: { maxBytes: number; maxAllGathers: number; numExperts?: number }, worldSize: number): number {
-  if (!Number.isInteger(worldSize) || worldSize < 1 || worldSize > 64) throw invalid('worldSize', `must be an integer in [1, 64] (got ${worldSize})`);
-  if (!Number.isInteger(t?.maxBytes) || t.maxBytes <= 0) throw invalid('maxBytes', 'must be a positive integer');
-  if (!Number.isInteger(t.maxAllGathers) || t.maxAllGathers <= 0) throw invalid('maxAllGathers', 'must be a positive integer');
-  const perCollective = Math.ceil((t.maxBytes * worldSize) / REGION) * REGION;
-  return ppSizeHint({ maxBytes: t.maxAllGathers * perCollective, ...(t.numExperts !== undefined ? { numExperts: t.numExperts } : {}) }, worldSize);
+  const w = checkWorldSize(worldSize);
+  if (t === null || typeof t !== 'object' || Array.isArray(t)) throw invalid('session', 'must be { maxBytes, maxAllGathers, numExperts? }');
+  checkPositiveInt('maxBytes', t.maxBytes, MAX_SEGMENT_BYTES);
+  checkPositiveInt('maxAllGathers', t.maxAllGathers, 1 << 16);
+  return checkResult('maxBytes', alignUp(workspaceBytes(t.numExperts, w) + sessionBytes(t.maxBytes, t.maxAllGathers, w)));
 }

@@ -15,6 +15,9 @@ export const ELEMENT_BYTES: Record<DType, number> = { bf16: 2, fp32: 4, fp8e4m3:
 const ARRAY_OF: Record<DType, new (n: number) => TensorData> = { bf16: Uint16Array, fp32: Float32Array, fp8e4m3: Uint8Array, int32: Int32Array };
 const NAME_OF: Record<DType, string> = { bf16: 'Uint16Array', fp32: 'Float32Array', fp8e4m3: 'Uint8Array', int32: 'Int32Array' };
 
+/** One of the dtypes rankflow moves (an own key of ELEMENT_BYTES: not 'fp64', not 'constructor'). */
+export const isDType = (d: unknown): d is DType => typeof d === 'string' && Object.hasOwn(ELEMENT_BYTES, d);
+
 export const numel = (shape: readonly number[]): number => shape.reduce((a, b) => a * b, 1);
 
 /** A zero-filled tensor, or one wrapping `data`. */
@@ -65,7 +68,7 @@ export function fromBf16(bits: Uint16Array): Float32Array {
 export function checkTensor(name: string, t: unknown, opts: { dtypes?: readonly DType[]; shape?: ReadonlyArray<number | undefined>; rank?: number } = {}): asserts t is Tensor {
   if (t === null || typeof t !== 'object') throw invalid(name, 'must be a tensor { dtype, shape, data }');
   const { dtype, shape, data } = t as Partial<Tensor>;
-  if (typeof dtype !== 'string' || !(dtype in ELEMENT_BYTES)) throw invalid(`${name}.dtype`, `must be one of bf16, fp32, fp8e4m3, int32 (got ${String(dtype)})`);
+  if (!isDType(dtype)) throw invalid(`${name}.dtype`, `must be one of bf16, fp32, fp8e4m3, int32 (got ${String(dtype)})`);
   if (opts.dtypes && !opts.dtypes.includes(dtype)) throw invalid(`${name}.dtype`, `must be ${opts.dtypes.join(' or ')} (got ${dtype})`);
   if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid(`${name}.shape`, 'must be an array of non-negative integers');
   if (opts.rank !== undefined && shape.length !== opts.rank) throw invalid(`${name}.shape`, `must have ${opts.rank} dimensions (got [${shape.join(', ')}])`);

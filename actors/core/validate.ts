@@ -49,21 +49,28 @@ export function checkPositiveInt(name: string, v: unknown, max = Number.MAX_SAFE
   return v;
 }
 
-export function checkBufferConfig(b: unknown, worldSize: number): BufferConfig {
-  if (b === null || typeof b !== 'object') throw invalid('buffer', 'must be an object { maxTokensPerRank, hidden, topk, numExperts, ... }');
+/** The most bytes one segment of a rank may have (buffer.bytes, buffer.cpuBytes): what the native side maps. */
+export const MAX_SEGMENT_BYTES = 2 ** 50;
+
+/** `prefix` names the fields ('buffer.' for createGroup, '' for sizeHint's config). */
+export function checkBufferConfig(b: unknown, worldSize: number, prefix = 'buffer.'): BufferConfig {
+  if (b === null || typeof b !== 'object' || Array.isArray(b)) throw invalid(prefix ? prefix.slice(0, -1) : 'config', 'must be an object { maxTokensPerRank, hidden, topk, numExperts, ... }');
   const c = b as BufferConfig;
-  checkPositiveInt('buffer.maxTokensPerRank', c.maxTokensPerRank, 1 << 20);
-  checkPositiveInt('buffer.hidden', c.hidden, 1 << 20);
-  checkPositiveInt('buffer.topk', c.topk, 16);
-  checkPositiveInt('buffer.numExperts', c.numExperts, 1 << 16);
-  if (c.numExperts % worldSize !== 0) throw invalid('buffer.numExperts', `(${c.numExperts}) must be divisible by the world size (${worldSize}): experts are owned in contiguous blocks`);
-  if (c.topk > c.numExperts) throw invalid('buffer.topk', `(${c.topk}) exceeds numExperts (${c.numExperts})`);
-  if (c.hidden % 8 !== 0) throw invalid('buffer.hidden', `(${c.hidden}) must be a multiple of 8 (16-byte rows)`);
-  if (c.fp8Dispatch !== undefined && typeof c.fp8Dispatch !== 'boolean') throw invalid('buffer.fp8Dispatch', 'must be a boolean');
-  if (c.fp8Dispatch && c.hidden % 128 !== 0) throw invalid('buffer.hidden', `(${c.hidden}) must be a multiple of 128 for fp8 dispatch (one scale per 128 values)`);
-  if (c.cpuBytes !== undefined && (!isInt(c.cpuBytes) || c.cpuBytes < 0)) throw invalid('buffer.cpuBytes', `must be a non-negative integer (got ${String(c.cpuBytes)})`);
-  if (c.hybrid !== undefined && typeof c.hybrid !== 'boolean') throw invalid('buffer.hybrid', 'must be a boolean');
-  if (c.bytes !== undefined && (!isInt(c.bytes) || c.bytes <= 0)) throw invalid('buffer.bytes', `must be a positive integer (got ${String(c.bytes)})`);
+  const n = (field: string): string => `${prefix}${field}`;
+  checkPositiveInt(n('maxTokensPerRank'), c.maxTokensPerRank, 1 << 20);
+  checkPositiveInt(n('hidden'), c.hidden, 1 << 20);
+  checkPositiveInt(n('topk'), c.topk, 16);
+  checkPositiveInt(n('numExperts'), c.numExperts, 1 << 16);
+  if (c.numExperts % worldSize !== 0) throw invalid(n('numExperts'), `(${c.numExperts}) must be divisible by the world size (${worldSize}): experts are owned in contiguous blocks`);
+  if (c.topk > c.numExperts) throw invalid(n('topk'), `(${c.topk}) exceeds numExperts (${c.numExperts})`);
+  if (c.hidden % 8 !== 0) throw invalid(n('hidden'), `(${c.hidden}) must be a multiple of 8 (16-byte rows)`);
+  if (c.fp8Dispatch !== undefined && typeof c.fp8Dispatch !== 'boolean') throw invalid(n('fp8Dispatch'), 'must be a boolean');
+  if (c.fp8Dispatch && c.hidden % 128 !== 0) throw invalid(n('hidden'), `(${c.hidden}) must be a multiple of 128 for fp8 dispatch (one scale per 128 values)`);
+  if (c.cpuBytes !== undefined && (!isInt(c.cpuBytes) || c.cpuBytes < 0 || c.cpuBytes > MAX_SEGMENT_BYTES))
+    throw invalid(n('cpuBytes'), `must be a non-negative integer up to ${MAX_SEGMENT_BYTES} (got ${String(c.cpuBytes)})`);
+  if (c.hybrid !== undefined && typeof c.hybrid !== 'boolean') throw invalid(n('hybrid'), 'must be a boolean');
+  if (c.bytes !== undefined && (!isInt(c.bytes) || c.bytes <= 0 || c.bytes > MAX_SEGMENT_BYTES))
+    throw invalid(n('bytes'), `must be a positive integer up to ${MAX_SEGMENT_BYTES} (got ${String(c.bytes)})`);
   return c;
 }
 
@@ -152,4 +159,44 @@ export function checkPerRank<T>(name: string, inputs: unknown, size: number): T[
   if (!Array.isArray(inputs)) throw invalid(name, `must be an array with one entry per rank (${size})`);
   if (inputs.length !== size) throw invalid(name, `has ${inputs.length} entries; the group has ${size} ranks`);
   return inputs as T[];
+}
+
+/**
+ * An options argument: a plain object, or undefined where `optional`. Numbers, strings, booleans,
+ * arrays and null are refused (EINVAL naming `name` and the shape it takes).
+ */
+export function checkOptions<T extends object>(name: string, v: unknown, shape: string, optional = true): Partial<T> {
+  if (v === undefined && optional) return {};
+  if (v === null || typeof v !== 'object' || Array.isArray(v)) throw invalid(name, `must be an object ${shape} (got ${describe(v)})`);
+  return v as Partial<T>;
+}
+
+/** An integer in [lo, hi]: EINVAL naming `name` otherwise (NaN, fractions, out of range, not a number). */
+export function checkIntIn(name: string, v: unknown, lo: number, hi: number): number {
+  if (!isInt(v) || v < lo || v > hi) throw invalid(name, `must be an integer in [${lo}, ${hi}] (got ${describe(v)})`);
+  return v;
+}
+
+/** A value as an error message shows it. */
+export function describe(v: unknown): string {
+  if (Array.isArray(v)) return `an array of ${v.length}`;
+  if (typeof v === 'string') return JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}...` : v);
+  if (typeof v === 'object' && v !== null) return v.constructor?.name ?? 'an object';
+  return String(v);
+}
+
+/**
+ * The largest RANKFLOW_TEST_FIRST_SEQ. Sequence numbers are uint64 natively but JS numbers in the
+ * rank machines, handles and transition records: exact up to 2^53. A group started here still has
+ * 2^32 collectives of exact numbers; one started at 0 would need 2^53 (285 years at a million a second).
+ */
+export const MAX_FIRST_SEQ = 2 ** 53 - 2 ** 32;
+
+/** RANKFLOW_TEST_FIRST_SEQ (tests only): a decimal integer in [0, MAX_FIRST_SEQ], or unset (0). */
+export function checkTestFirstSeq(raw: string | undefined): number {
+  if (raw === undefined) return 0;
+  const v = /^\d{1,16}$/.test(raw.trim()) ? Number(raw.trim()) : NaN;
+  if (!(v <= MAX_FIRST_SEQ))
+    throw invalid('RANKFLOW_TEST_FIRST_SEQ', `must be a decimal integer in [0, ${MAX_FIRST_SEQ}] (2^53 - 2^32: sequence numbers are exact JS numbers up to 2^53); got ${JSON.stringify(raw.slice(0, 40))}`);
+  return v;
 }

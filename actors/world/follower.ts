@@ -10,9 +10,10 @@ import net from 'node:net';
 import { debuglog } from 'node:util';
 
 import { RankflowError } from '../core/errors.js';
+import { abortError, sleepUnless } from '../core/abort.js';
 import { FollowerAuth, isLoopbackHost } from './auth.js';
 import { AUTHENTICATED, Channel, UNAUTHENTICATED } from './channel.js';
-import { describeMissing, errorProblem, rangesProblem, refusedProblem, sleep, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
+import { describeMissing, errorProblem, rangesProblem, refusedProblem, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
 import type { Forming, Rendezvous, RendezvousPeer } from './rendezvous.js';
 import { FollowerSession } from './session.js';
 
@@ -32,6 +33,7 @@ export async function follow(self: Join, f: Forming): Promise<Rendezvous> {
   let lastHandshake = '';
   let backoff = FIRST_BACKOFF_MS;
   for (;;) {
+    if (f.signal?.aborted) throw abortError(where, f.signal);
     const left = deadline - Date.now();
     if (left <= 0) break;
     attempts++;
@@ -46,7 +48,7 @@ export async function follow(self: Join, f: Forming): Promise<Rendezvous> {
     }
     // Retry: the leader may not be listening yet (or a previous one is on its way out).
     const jitter = 0.8 + 0.4 * Math.random();
-    await sleep(Math.min(backoff * jitter, Math.max(0, deadline - Date.now())));
+    await sleepUnless(Math.min(backoff * jitter, Math.max(0, deadline - Date.now())), f.signal);
     backoff = Math.min(backoff * 2, MAX_BACKOFF_MS);
   }
   const detail =
@@ -80,6 +82,7 @@ function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: s
       if (settled) return;
       settled = true;
       clearTimeout(timer);
+      f.signal?.removeEventListener('abort', onAbort);
       if (a.kind !== 'table') ch.destroy();
       resolve(a);
     };
@@ -132,5 +135,15 @@ function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: s
     ch.listen(onMessage, (reason) =>
       settle({ kind: 'retry', reason: !connected ? reason : `leader closed the connection before the table (${reason})` }),
     );
+    // Aborted: a process that joined says bye (the leader then counts it as gone, not crashed).
+    function onAbort(): void {
+      const error = abortError(where, f.signal!);
+      if (stage !== 'joined') return settle({ kind: 'error', error });
+      settled = true;  // not destroyed at once: the bye goes out first (dismiss destroys it after a grace period)
+      clearTimeout(timer);
+      ch.dismiss({ t: 'bye' });
+      resolve({ kind: 'error', error });
+    }
+    f.signal?.addEventListener('abort', onAbort, { once: true });
   });
 }

@@ -7,6 +7,7 @@
 import { randomUUID } from 'node:crypto';
 
 import { invalid } from '../core/errors.js';
+import { abortError } from '../core/abort.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
@@ -101,18 +102,22 @@ function payloadOf(p: RendezvousPeer): Payload {
  * Meets the other processes of the world (before this process's ranks start: their domains depend on
  * the nodes found). config: what must be equal in every process; withHost: the ranks export host
  * segments; gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes of a node
- * may share one. ranksPerNode: createGroup's, where the caller gave it.
+ * may share one. ranksPerNode: createGroup's, where the caller gave it. signal: ends the wait for the
+ * other processes (ABORTED).
  */
 export async function meetWorld(
-  w: WorldOptions, opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; backend: 'host' | 'cuda'; localRanks: number },
+  w: WorldOptions,
+  opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; backend: 'host' | 'cuda'; localRanks: number; signal?: AbortSignal },
 ): Promise<MetWorld> {
   const gpus = opts.gpus ?? [];
   const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config: opts.config, withHost: opts.withHost, gpus };
   const rv = await rendezvous({
     url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: opts.localRanks, payload: { ...payload }, timeoutMs: opts.timeoutMs,
     ...(w.token !== undefined ? { token: w.token } : {}), ...(w.nodeId !== undefined ? { nodeId: w.nodeId } : {}),
+    ...(opts.signal !== undefined ? { signal: opts.signal } : {}),
   });
   try {
+    if (opts.signal?.aborted) throw abortError(`rendezvous at ${w.rendezvous}`, opts.signal);
     const me = rv.peers[rv.self]!;
     for (const p of rv.peers) {
       const theirs = payloadOf(p);
@@ -143,7 +148,7 @@ export async function meetWorld(
  * Unix sockets, served only to the pids of the node's processes). Ranks of other nodes share no memory:
  * their entries are -1. On failure the rendezvous stays open (the caller closes it).
  */
-export async function exchangeSegments(met: MetWorld, w: WorldOptions, local: ExportedSegments[], timeoutMs: number): Promise<JoinedWorld> {
+export async function exchangeSegments(met: MetWorld, w: WorldOptions, local: ExportedSegments[], timeoutMs: number, signal?: AbortSignal): Promise<JoinedWorld> {
   const addon = loadAddon();
   const { rv, withHost } = met;
   const received: number[] = [];
@@ -165,6 +170,8 @@ export async function exchangeSegments(met: MetWorld, w: WorldOptions, local: Ex
       for (let i = 0; i < p.localRanks; i++) peers[p.rankOffset + i] = { deviceFd: fds[i]!, hostFd: withHost ? fds[p.localRanks + i]! : -1 };
     }
     await serving;
+    // The exchange (every process present, bounded by the timeout) is not cut short: the abort is seen after it.
+    if (signal?.aborted) throw abortError(`rendezvous at ${w.rendezvous}`, signal);
     return { peers, received, rv };
   } catch (e) {
     addon.closeFds(received);

@@ -14,6 +14,7 @@ import net from 'node:net';
 import { debuglog } from 'node:util';
 
 import { RankflowError, type RankflowErrorCode } from '../core/errors.js';
+import { abortError } from '../core/abort.js';
 import { LeaderAuth, isLoopbackHost } from './auth.js';
 import { AUTHENTICATED, Channel, UNAUTHENTICATED } from './channel.js';
 import {
@@ -37,7 +38,8 @@ interface Waiting {
 }
 
 export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
-  const { host, port, where, deadline, timeoutMs } = f;
+  const { host, port, where, deadline, timeoutMs, signal } = f;
+  if (signal?.aborted) throw abortError(where, signal);
   const server = net.createServer();
   await new Promise<void>((resolve, reject) => {
     server.once('error', (err: NodeJS.ErrnoException) => {
@@ -56,6 +58,10 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
   if (f.key === '' && !isLoopbackHost(address)) {
     server.close();
     throw new RankflowError('EINVAL', `${where}: token is required: ${host} is ${address}, not a loopback address`);
+  }
+  if (signal?.aborted) {
+    server.close();
+    throw abortError(where, signal);
   }
 
   return new Promise<Rendezvous>((resolve, reject) => {
@@ -107,8 +113,20 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
       // a little later fail with the same error instead of timing out. This holds the process up to
       // VERDICT_LINGER_MS after the rejection (never past the deadline): bounded, and worth it.
       setTimeout(() => closeServer('the rendezvous had ended'), Math.max(0, Math.min(deadline - Date.now(), VERDICT_LINGER_MS)));
+      signal?.removeEventListener('abort', onAbort);
       reject(new RankflowError(code, message, rank === undefined ? undefined : { rank }));
     };
+
+    // Aborted: the processes that joined are told at once (no lingering verdict), the port is let go.
+    const onAbort = (): void => {
+      if (failure) return;
+      failure = { code: 'RANK_FAILED', message: `${where}: the leader (rank 0's process, pid ${process.pid}) gave up: its createGroup was aborted`, rank: 0 };
+      clearTimeout(timer);
+      for (const ch of arrived.keys()) if (ch !== 'self') ch.end({ t: 'error', ...failure });
+      closeServer('the leader gave up');
+      reject(abortError(where, signal!));
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
 
     const timer = setTimeout(() => {
       const gone = departedOnly();
@@ -189,6 +207,7 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
       }
       // Everyone is here: send the table, stop listening, keep the connections.
       clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
       const entries = [...arrived.entries()].sort((a, b) => a[1].rankOffset - b[1].rankOffset);
       const peers = entries.map(([, j]) => toPeer(j));
       broadcast({ t: 'table', peers });

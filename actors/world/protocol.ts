@@ -202,7 +202,3 @@ export function describeMissing(missing: Range[]): string {
 export function who(p: { rankOffset: number; localRanks: number; pid: number; hostId: string }): string {
   return `${fmt(rangeOf(p))} (pid ${p.pid} on ${p.hostId.split('/')[0]})`;
 }
-
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}

@@ -37,6 +37,11 @@ export interface RendezvousOptions {
   nodeId?: string;
   /** Called for each connection the leader drops (besides the NODE_DEBUG=rankflow log). */
   onDropped?: (d: DroppedConnection) => void;
+  /**
+   * Ends the wait for the world early: rejects with ABORTED. A leader tells the processes that
+   * joined it that it gave up (they fail with RANK_FAILED naming rank 0); a follower says bye.
+   */
+  signal?: AbortSignal;
 }
 
 /** A connection the leader let go without admitting it to the world: a stranger, or a join it refused. */
@@ -123,6 +128,7 @@ export interface Forming {
   /** "rendezvous at tcp://...": how messages begin. */
   where: string;
   onDropped?: (d: DroppedConnection) => void;
+  signal?: AbortSignal;
 }
 
 /** Meets the other processes of the world; see the file header. */
@@ -147,6 +153,7 @@ export async function rendezvous(opts: RendezvousOptions): Promise<Rendezvous> {
     timeoutMs: opts.timeoutMs,
     where: `rendezvous at ${opts.url}`,
     onDropped: opts.onDropped,
+    ...(opts.signal !== undefined ? { signal: opts.signal } : {}),
   };
   return opts.rankOffset === 0 ? lead(self, forming) : follow(self, forming);
 }
