@@ -98,7 +98,7 @@ describe('createGroup({ signal })', () => {
     });
 
     test('a leader that aborts tells the process that joined it: that one fails with RANK_FAILED naming rank 0, at once', async () => {
-        ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts', 'actors/core/abort.ts']);
+        ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts', 'actors/ranks.ts', 'actors/startup.ts', 'actors/options.ts', 'actors/core/abort.ts']);
         const url = `tcp://127.0.0.1:${await freePort()}`;
         const ac = new AbortController();
         const childBuffer = { maxTokensPerRank: 16, hidden: 128, topk: 2, numExperts: 8, cpuBytes: 0 };  // world-child's
@@ -118,7 +118,7 @@ describe('createGroup({ signal })', () => {
     });
 
     test('a follower that joined and aborts says bye: the leader names it as having given up; nothing of it is left here', async () => {
-        ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts', 'actors/core/abort.ts']);
+        ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts', 'actors/ranks.ts', 'actors/startup.ts', 'actors/options.ts', 'actors/core/abort.ts']);
         const port = await freePort();
         const url = `tcp://127.0.0.1:${port}`;
         const leader = forkFixture('world-child', { url, worldSize: 4, rankOffset: 0, ranks: 1, cpuSeconds: 6 });

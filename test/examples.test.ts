@@ -15,7 +15,7 @@ const run = promisify(execFile);
 const file = join(repoRoot, 'examples', 'moe-step.mjs');
 
 beforeAll(() => {
-  ensureCompiled('dist/actors/index.js', ['actors/index.ts', 'actors/group.ts']);
+  ensureCompiled('dist/actors/index.js', ['actors/index.ts', 'actors/group.ts', 'actors/ranks.ts', 'actors/startup.ts', 'actors/options.ts']);
 });
 
 describe('examples/moe-step.mjs', () => {

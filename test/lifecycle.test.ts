@@ -15,7 +15,7 @@ import { ensureCompiled, repoRoot } from './helpers/children.js';
 import { program } from './helpers/group.js';
 
 const buffer = { maxTokensPerRank: 4, hidden: 128, topk: 2, numExperts: 6 };
-const lifecycleSources = ['actors/group.ts', 'actors/core/worker-argv.ts', 'workers/rank.ts', 'workers/run-abort.ts', 'workers/program.ts'];
+const lifecycleSources = ['actors/group.ts', 'actors/ranks.ts', 'actors/startup.ts', 'actors/options.ts', 'actors/core/worker-argv.ts', 'workers/rank.ts', 'workers/run-abort.ts', 'workers/program.ts'];
 
 /** Runs node with `args`; resolves with its exit code (or signal), output and how long it took; killed after `limitMs`. */
 function node(args: string[], limitMs: number): Promise<{ code: number | string; stdout: string; stderr: string; ms: number }> {

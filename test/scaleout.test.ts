@@ -16,7 +16,7 @@ interface Layout { nodes: number; perNode: number; procsPerNode: number }
 
 /** Forks the processes of a world: node n holds ranks [n*R, (n+1)*R), split over procsPerNode processes. */
 async function world(l: Layout, arg: Record<string, unknown>, crash?: { rank: number; round: number }): Promise<Child[]> {
-  ensureCompiled('dist/actors/world/scaleout.js', [...worldSources, 'actors/group.ts', 'workers/rank.ts']);
+  ensureCompiled('dist/actors/world/scaleout.js', [...worldSources, 'actors/group.ts', 'actors/ranks.ts', 'actors/startup.ts', 'actors/options.ts', 'workers/rank.ts']);
   const url = `tcp://127.0.0.1:${await freePort()}`;
   const W = l.nodes * l.perNode, per = l.perNode / l.procsPerNode;
   const procs: Child[] = [];

@@ -9,7 +9,7 @@ const children: Child[] = [];
 afterEach(() => killAll(children));
 
 async function world(layout: number[], cpuBytes = 0): Promise<Child[]> {
-  ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts']);
+  ensureCompiled('dist/actors/world/join.js', [...worldSources, 'actors/group.ts', 'actors/ranks.ts', 'actors/startup.ts', 'actors/options.ts']);
   const url = `tcp://127.0.0.1:${await freePort()}`;
   const worldSize = layout.reduce((a, b) => a + b, 0);
   let offset = 0;

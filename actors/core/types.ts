@@ -3,6 +3,7 @@
 import type { DeviceTensor } from './device-tensor.js';
 import type { Tensor } from './tensor.js';
 import type { DispatchHandle } from './validate.js';
+import type { FailureInfo } from '../../machines/index.js';
 
 export interface DispatchResult {
   x: Tensor;
@@ -91,4 +92,20 @@ export interface InFlightCollective<T> {
 /** An engram fetch started with `{ async: true }`: other ops may run until wait(), which gives its rows (once). */
 export interface PendingFetch<T> {
   wait(): Promise<T>;
+}
+
+/** What group.snapshot() reports of a rank. */
+export interface RankSnapshot {
+  rank: number;
+  state: string;
+  seq: number;
+  error?: FailureInfo;
+}
+
+/** What group.traffic() reports of a local rank (see there). */
+export interface TrafficReport {
+  rank: number;
+  scaleUpBytes: number;
+  scaleOutBytes: number;
+  scaleOutSeconds: number;
 }

@@ -2,7 +2,7 @@
 // the driver-mode group runs them for every rank first, rank programs run the per-rank ones.
 import { invalid } from './errors.js';
 import { MAX_LIVE_HANDLES, type HandleRegistry } from './handles.js';
-import { checkArray, checkTensor, type Tensor } from './tensor.js';
+import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
 
 export interface BufferConfig {
   maxTokensPerRank: number;
@@ -159,6 +159,25 @@ export function checkPerRank<T>(name: string, inputs: unknown, size: number): T[
   if (!Array.isArray(inputs)) throw invalid(name, `must be an array with one entry per rank (${size})`);
   if (inputs.length !== size) throw invalid(name, `has ${inputs.length} entries; the group has ${size} ranks`);
   return inputs as T[];
+}
+
+/** Driver mode: one tensor per rank, all alike, whose world-wide gather fits `capacity` bytes. */
+export function checkGatherInputs(name: string, tensors: unknown, size: number, worldSize: number, capacity: number): void {
+  const list = checkPerRank<Tensor>(name, tensors, size);
+  list.forEach((t, r) => checkTensor(`${name}[${r}]`, t, {}));
+  checkSameShape(name, list);
+  const bytes = numel(list[0]!.shape) * ELEMENT_BYTES[list[0]!.dtype];
+  if (bytes * worldSize > capacity) throw invalid(name, `${bytes} bytes per rank need ${bytes * worldSize} buffer bytes; ${capacity} are available (raise buffer.bytes)`);
+}
+
+/** Driver mode: handles used together must come from the same dispatch, or none may be given (cached dispatch). */
+export function checkHandlesAgree(name: string, handles: Array<DispatchHandle | undefined>): void {
+  const given = handles.filter((h) => h !== undefined);
+  if (given.length === 0) return;
+  if (given.length !== handles.length) throw invalid(`${name}[${handles.findIndex((h) => h === undefined)}].handle`, 'is missing: either every rank passes a handle or none does');
+  const seq = given[0]!.seq;
+  const bad = handles.findIndex((h) => h!.seq !== seq);
+  if (bad >= 0) throw invalid(`${name}[${bad}].handle`, `comes from another dispatch (collective #${handles[bad]!.seq}, rank 0's from #${seq})`);
 }
 
 /**

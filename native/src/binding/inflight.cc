@@ -11,8 +11,6 @@ namespace rankflow::binding {
 
 namespace {
 
-Napi::Value big(Napi::Env env, uint64_t v) { return Napi::BigInt::New(env, v); }
-
 Napi::Array pair(Napi::Env env, Napi::Value a, Napi::Value b) {
   Napi::Array out = Napi::Array::New(env, 2);
   out.Set(uint32_t(0), a);
@@ -55,7 +53,7 @@ Napi::Value ContextWrap::WindowView(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   const int64_t offset = int_arg(info[0], "offset", 0, c.sym_bytes);
   const int64_t bytes = int_arg(info[1], "bytes", 0, c.sym_bytes);
-  if (c.cfg.backend != BackendKind::Host) throw_einval(env, "windowView: host backend only (cuda views are device tensors)");
+  if (c.backend().info().device_memory) throw_einval(env, "windowView: host backend only (cuda views are device tensors)");
   if (!c.session.open) throw js_error(env, "STATE", "windowView: no AGRS session is open");
   if (offset < c.ws.bytes || offset + bytes > c.ws.bytes + c.session.cursor)
     throw_einval(env, "windowView: [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +

@@ -14,6 +14,8 @@
 
 namespace rankflow::binding {
 
+inline Napi::Value big(Napi::Env env, uint64_t v) { return Napi::BigInt::New(env, v); }
+
 inline Napi::Error js_error(Napi::Env env, const std::string& code, const std::string& message, int rank = -1,
                             const std::string& phase = {}) {
   Napi::Error e = Napi::Error::New(env, message);

@@ -101,6 +101,8 @@ struct FetchOp {
 struct BackendInfo {
   const char* backend = "host";
   MemoryKind memory_kind = MemoryKind::GpuOnly;
+  // The windows, and the tensors the ops take and make, are device memory (else host memory).
+  bool device_memory = false;
   int64_t stride = 0;
   std::vector<uint64_t> windows;  // rank p's window in this rank's address space
   int device_ordinal = -1;

@@ -47,6 +47,8 @@ class InFlight {
   static constexpr int kMaxFetches = 16;
   // My buffer's address (host pointer or device address), once known: session inputs are found by it.
   uint64_t buffer_base = 0;
+  // My buffer is device memory (BackendInfo::device_memory), known with buffer_base.
+  bool device_memory = false;
 
   InFlightOp& add(std::unique_ptr<InFlightOp> op) {
     InFlightOp& o = *op;

@@ -124,6 +124,7 @@ void CudaBackend::nccl_init(const std::vector<uint8_t>& id) {
 BackendInfo CudaBackend::info() const {
   BackendInfo i;
   i.backend = "cuda";
+  i.device_memory = true;
   i.memory_kind = mem_.kind();
   i.stride = mem_.stride();
   for (int p = 0; p < world(); ++p) i.windows.push_back(uint64_t(mem_.peer_base(p)));

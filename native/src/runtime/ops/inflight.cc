@@ -11,18 +11,26 @@ namespace rankflow::ops {
 
 namespace {
 
-bool on_cuda(const Context& c) { return c.cfg.backend == BackendKind::Cuda; }
-
-// The address of my buffer (host pointer or device address: my window + the workspace).
+// The address of my buffer (host pointer or device address: my window + the workspace), and the kind
+// of memory it is, asked of the backend once.
 uint64_t buffer_base(Context& c) {
   static_assert(sizeof(uintptr_t) == sizeof(uint64_t));
-  if (c.inflight.buffer_base == 0) c.inflight.buffer_base = c.backend().info().windows.at(size_t(c.rank())) + uint64_t(c.ws.bytes);
+  if (c.inflight.buffer_base == 0) {
+    const BackendInfo info = c.backend().info();
+    c.inflight.device_memory = info.device_memory;
+    c.inflight.buffer_base = info.windows.at(size_t(c.rank())) + uint64_t(c.ws.bytes);
+  }
   return c.inflight.buffer_base;
+}
+
+bool device_memory(Context& c) {
+  buffer_base(c);
+  return c.inflight.device_memory;
 }
 
 // The buffer offset of `in` if it lies in my session area (memory of the kind my buffer is), else -1.
 int64_t session_offset(Context& c, Mem in, int64_t bytes) {
-  if (!in || in.device != on_cuda(c) || !c.session.open) return -1;
+  if (!in || in.device != device_memory(c) || !c.session.open) return -1;
   const uint64_t base = buffer_base(c), p = uint64_t(reinterpret_cast<uintptr_t>(in.ptr));
   if (p < base || p + uint64_t(bytes) > base + uint64_t(c.session.cursor)) return -1;
   return int64_t(p - base);
@@ -119,7 +127,7 @@ uint64_t engram_fetch_issue(Context& c, const int32_t* ids, int64_t n, uint64_t*
   f.row_bytes = c.engram_row_bytes;
   const int64_t bytes = n * f.row_bytes;
   uint64_t dev = 0;
-  if (on_cuda(c)) {
+  if (device_memory(c)) {
     dev = c.backend().device_alloc(std::max<int64_t>(bytes, 1));
     f.out = Mem{reinterpret_cast<void*>(uintptr_t(dev)), true};
   } else {

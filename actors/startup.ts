@@ -1,0 +1,114 @@
+// Starting a group's ranks: where the group spans processes, the world meets first (its nodes decide
+// the ranks' domains); then one worker per local rank, each exporting its memory segments; the
+// segments are exchanged (fds within this process, through the rendezvous across processes), NCCL
+// communicators are made where the backend uses NCCL, the scale-out rails connect between nodes, and
+// every rank registers its peers' windows.
+import { config } from './core/config.js';
+import { RankflowError } from './core/errors.js';
+import { ABORT, TRAFFIC, loadAddon, type ExportedSegments } from './core/addon.js';
+import type { Backend } from './core/backend.js';
+import type { BufferConfig } from './core/validate.js';
+import { exchangeSegments, meetWorld, worldWaitMs, type WorldOptions } from './world/join.js';
+import { connectScaleOut } from './world/scaleout.js';
+import type { Rendezvous } from './world/rendezvous.js';
+import type { RankInit } from '../workers/protocol.js';
+import { localGpuIds, type GroupOptions, type GroupPlan } from './options.js';
+import { cutShort, type RankHandle, type Ranks } from './ranks.js';
+
+/** What starting needs of the group. */
+export interface StartSite {
+  id: string;
+  size: number;
+  worldSize: number;
+  rankOffset: number;
+  backend: Backend;
+  buffer: BufferConfig;
+  opts: GroupOptions;
+  world?: WorldOptions;
+  ranks: RankHandle[];
+  workers: Ranks;
+  /** createGroup's abort (ends the wait for the world) */
+  signal: AbortSignal;
+  /** the group is being destroyed (an abort): stop */
+  destroying(): boolean;
+  /** the world formed: watch its connections for lost processes */
+  watchWorld(rv: Rendezvous): void;
+}
+
+/** Starts every local rank and registers the windows; resolves with the buffer's sizes as rank 0 reports them. */
+export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBytes: number; workspaceBytes: number; symmetricBytes: number }> {
+  // A world meets first: its nodes (by world.nodeId) decide the ranks' domains. Processes must not
+  // share a GPU (their kernels time-slice: one waiting for a peer would crawl): each says which GPUs
+  // its ranks use, and the world refuses a GPU named by two processes of a node.
+  const waitMs = g.world ? worldWaitMs(g.opts.timeouts?.cpuSeconds) : 0;
+  const met = g.world ? await meetWorld(g.world, {
+    config: JSON.stringify({ ...g.buffer, ranksPerNode: g.opts.ranksPerNode, backend: g.backend }),
+    withHost: (g.buffer.cpuBytes ?? 0) > 0, timeoutMs: waitMs, localRanks: g.size, backend: g.backend,
+    gpus: g.backend === 'cuda' ? localGpuIds(g.size, g.rankOffset, t.devices) : [],
+    ...(g.opts.ranksPerNode !== undefined ? { ranksPerNode: g.opts.ranksPerNode } : {}),
+    ...(g.signal ? { signal: g.signal } : {}),
+  }) : undefined;
+  if (met && g.destroying()) {  // torn down (aborted) while the world formed: its connections go too
+    await met.rv.close();
+    throw new RankflowError('STATE', 'the group was destroyed while its world formed');
+  }
+  if (met) g.watchWorld(met.rv);
+  const ranksPerNode = met?.nodes.ranksPerNode ?? t.ranksPerNode;
+  const scaleOut = (met?.nodes.count ?? 1) > 1;
+  // Ranks of this process that share a GPU split its SMs between them, and make no NCCL
+  // communicator: NCCL refuses two ranks on one GPU.
+  const share = (d: number) => t.devices!.filter((e) => e === d).length;
+  const sharing = t.devices !== undefined && new Set(t.devices).size < t.devices.length;
+  for (let r = 0; r < g.size; r++) {
+    const abort = new SharedArrayBuffer(ABORT.bytes);
+    const runAbort = new SharedArrayBuffer(4);
+    const init: RankInit = {
+      rank: g.rankOffset + r, worldSize: g.worldSize, ranksPerNode, groupId: g.id, buffer: g.buffer,
+      cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof g.opts.inspect === 'function',
+      backend: g.backend, abort, runAbort, traffic: new SharedArrayBuffer(TRAFFIC.bytes), ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
+      tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
+      ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
+      ...(scaleOut ? { scaleOut } : {}),
+    };
+    g.ranks[r]!.seq = t.firstSeq;
+    g.workers.spawn(r, init);
+  }
+  const exported = await Promise.all(g.ranks.map((_, r) => g.workers.call(r, (api) => api.exported())));
+  const info = await g.workers.call(0, (api) => api.info());
+  const sizes = { bufferBytes: info.bufferBytes, workspaceBytes: info.workspaceBytes, symmetricBytes: info.symmetricBytes };
+  if (!g.world || !met) {
+    const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
+    if (g.backend === 'cuda') {
+      // One NCCL communicator per rank: rank 0 makes the unique id, every rank joins with it together.
+      const id = await g.workers.call(0, (api) => api.ncclUniqueId());
+      if (id) await g.workers.all((api) => api.ncclInit(id));
+    }
+    await g.workers.all((api) => api.register(peers));
+    return sizes;
+  }
+  const joined = await exchangeSegments(met, g.world, exported, waitMs, g.signal);
+  if (g.destroying()) {  // torn down (aborted) while the world formed
+    loadAddon().closeFds(joined.received);
+    throw new RankflowError('STATE', 'the group was destroyed while its world formed');
+  }
+  try {
+    if (g.backend === 'cuda') {
+      // NCCL's unique id travels from global rank 0's process through the rendezvous.
+      const mine = g.rankOffset === 0 ? await g.workers.call(0, (api) => api.ncclUniqueId()) : null;
+      const ids = await joined.rv.exchange(mine ? Array.from(mine) : null);
+      const root = ids[0] as number[] | null;
+      if (root) await g.workers.all((api) => api.ncclInit(Uint8Array.from(root)));
+    }
+    if (scaleOut) {
+      await connectScaleOut({
+        rv: joined.rv, localRanks: g.size, ...(g.world.token !== undefined ? { token: g.world.token } : {}),
+        listen: (r, host) => g.workers.call(r, (api) => api.scaleoutListen(host)),
+        connect: (r, ends, key) => g.workers.call(r, (api) => cutShort(api.scaleoutConnect(ends, key, waitMs), [g.workers.members[r]!.untilFailed])),
+      });
+    }
+    await g.workers.all((api) => api.register(joined.peers));
+    return sizes;
+  } finally {
+    loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)
+  }
+}
