@@ -5,7 +5,6 @@
 // { async: true } (no local copy, the result a view); and an engram fetch with a fixed amount of CPU
 // work, one after the other vs started together. cuda runs its ranks on GPU 0 (shared, as the
 // tests do). Prints a table; writes bench/results/agrs-inplace-<backend>-<date>.json.
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -14,6 +13,7 @@ import { parseArgs } from 'node:util';
 import { createGroup, engramSizeHint } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { InplaceLoopArgs, InplaceLoopResult } from './programs/agrs-inplace-loop.js';
+import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -47,13 +47,6 @@ const args: InplaceLoopArgs = { sizes, opsPerSize: num('ops'), fetch };
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 
-function commit(): string {
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
-  } catch {
-    return 'unknown';
-  }
-}
 
 async function main(): Promise<void> {
   const maxSize = Math.max(...sizes);
@@ -85,7 +78,7 @@ async function main(): Promise<void> {
     console.log(`\nengram fetch of ${fetch.rows} rows x ${fetch.hidden * 2} B (${((fetch.rows * fetch.hidden * 2) / MiB).toFixed(1)} MiB) with ~${fetch.workMs} ms of CPU work (median ms, slower rank)`);
     console.log(`  fetch alone ${overlap.fetchMs.toFixed(2)}   work alone ${overlap.workMs.toFixed(2)}   one after the other ${overlap.serialMs.toFixed(2)}   started together ${overlap.overlapMs.toFixed(2)}   (ideal ${ideal.toFixed(2)}; ${(100 * hidden).toFixed(0)}% of the shorter one hidden)`);
     const date = new Date().toISOString();
-    const result = { date, commit: commit(), node: process.version, backend, device, ranks, config: { ...args, buffer }, gather, overlap: { ...overlap, ideal, hiddenFraction: hidden }, perRank };
+    const result = { date, commit: commit(), machine: machine(), command: command(), node: process.version, backend, device, ranks, config: { ...args, buffer }, gather, overlap: { ...overlap, ideal, hiddenFraction: hidden }, perRank };
     mkdirSync(flags.out!, { recursive: true });
     const file = path.join(flags.out!, `agrs-inplace-${backend}-${date.slice(0, 19).replace(/:/g, '-')}.json`);
     writeFileSync(file, JSON.stringify(result, null, 2) + '\n');

@@ -14,7 +14,6 @@
 // hosts global rank k on GPU k (createGroup({ ranks: 1, devices: [k], world: { size: 2, rankOffset: k,
 // rendezvous } })) and runs the same rank program; the launcher collects both ranks' times over IPC,
 // prints the same table and writes bench/results/gpu-agrs-world-<date>.json (layout recorded).
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -23,6 +22,7 @@ import { parseArgs } from 'node:util';
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { AgrsCase, AgrsLoopArgs, AgrsLoopResult } from './programs/agrs-loop.js';
 import { runOnGpus } from './layout.js';
+import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -44,14 +44,6 @@ const BUFFER = {
   bytes: 64 * MiB * W + 32 * MiB, cpuBytes: ENGRAM.entriesPerRank * ROW_BYTES, hybrid: true,
 };
 
-function commit(): string {
-  if (flags.commit) return flags.commit;
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
-  } catch {
-    return 'unknown';
-  }
-}
 
 const iters = (bytes: number): number => Math.max(20, Math.min(500, Math.round((256 * MiB) / bytes)));
 const kinds: Array<[string, AgrsCase['engine']]> = [
@@ -95,7 +87,7 @@ function report(perRank: AgrsLoopResult[], gpus: string[], layout: { name: strin
   const e = figures.at(-1)!;
   console.log(`\nengram fetch ${ENGRAM.tokens} tokens x ${ENGRAM.entries} entries x ${ENGRAM.hidden} hidden bf16 (${FETCH_ROWS} rows of ${ROW_BYTES} B from hybrid host segments): ${e.us.toFixed(1)} us, ${(e.rowsPerSec! / 1e6).toFixed(2)} M rows/s, ${e.GBps.toFixed(2)} GB/s`);
   const date = new Date().toISOString();
-  const result = { date, commit: commit(), gpus, worldSize: W, layout, node: process.version, method: 'rank program, ctx.benchAgrs, CUDA events, max over ranks', engram: ENGRAM, table, figures, perRankUs: perRank };
+  const result = { date, commit: commit(flags.commit), machine: machine(), command: command(), gpus, worldSize: W, layout, node: process.version, method: 'rank program, ctx.benchAgrs, CUDA events, max over ranks', engram: ENGRAM, table, figures, perRankUs: perRank };
   mkdirSync(flags.out!, { recursive: true });
   const prefix = layout.processes > 1 ? 'gpu-agrs-world' : 'gpu-agrs';
   const file = path.join(flags.out!, `${prefix}-${date.slice(0, 19).replace(/:/g, '-')}.json`);
@@ -106,7 +98,7 @@ function report(perRank: AgrsLoopResult[], gpus: string[], layout: { name: strin
 // One process hosting both ranks, or (--world) one process per GPU; children send their part and end.
 const run = await runOnGpus<AgrsLoopResult>({
   self: fileURLToPath(import.meta.url),
-  argv: ['--commit', commit()],
+  argv: ['--commit', commit(flags.commit)],
   world: flags.world!,
   ...(flags.child !== undefined ? { child: { rank: Number(flags.child), rendezvous: flags.rendezvous! } } : {}),
   ranks: W, buffer: BUFFER, program: PROGRAM, args: ARGS,

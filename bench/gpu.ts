@@ -6,7 +6,6 @@
 // metric (bytes a rank receives incl. local rows / time), remote GB/s, xNCCL (NCCL time / this time),
 // xCE (remote GB/s / copy-engine GB/s). Prints a table; writes bench/results/gpu-<date>.json.
 // --world: the same in the one-process-per-GPU layout (bench/layout.ts), written as gpu-world-<date>.json.
-import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -17,6 +16,7 @@ import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { GpuFigure, GpuMoeArgs, GpuMoeResult } from './programs/gpu-moe.js';
 import { measureOverhead } from './overhead.js';
 import { runOnGpus } from './layout.js';
+import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -33,15 +33,6 @@ const { values: flags } = parseArgs({
   },
 });
 
-function commit(): string {
-  // A copy of the tree on another machine may carry a stale .git: the caller's word comes first.
-  if (process.env.RANKFLOW_COMMIT) return process.env.RANKFLOW_COMMIT;
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-  } catch {
-    return process.env.RANKFLOW_COMMIT ?? 'unknown';
-  }
-}
 
 async function main(): Promise<void> {
   const probe = probeCuda() as { available: boolean; reason?: string; devices: number; gpus?: Array<{ name: string; arch: string; sms: number }>; nccl?: { version?: string }; driverVersion?: string };
@@ -104,7 +95,7 @@ async function main(): Promise<void> {
   for (const f of overhead) console.log(`${pad(f.op, 22)} p50 ${f.p50.toFixed(1).padStart(8)}  p99 ${f.p99.toFixed(1).padStart(8)}  mean ${f.mean.toFixed(1).padStart(8)}`);
   const date = new Date().toISOString().slice(0, 10);
   const out = {
-    date, commit: commit(), layout, gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, nccl: probe.nccl?.version,
+    date, commit: commit(), machine: machine(), command: command(), layout, gpus: probe.gpus?.map((g) => `${g.name} ${g.arch} ${g.sms} SMs`), driver: probe.driverVersion, nccl: probe.nccl?.version,
     mode: 'rank program, device-resident tensors; us: CUDA events around iters awaited calls after warmup (incl. per-call JS/executor overhead); device_us: median of events recorded natively around each op launches', config: { ...ep, iters: args.iters, warmup: args.warmup },
     metric: 'gbps_deepep_metric = bytes a rank receives per dispatch incl. local rows / time; gbps_remote = bytes over NVLink per direction / time; x_nccl = NCCL time / this time; x_ce = remote GB/s / copy engine GB/s',
     figures: rows,

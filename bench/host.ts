@@ -3,8 +3,7 @@
 //    dispatch, local rows included, over the call's time), beside a plain memcpy (TypedArray.set) of
 //    the same bytes in the same run, on the same ranks at the same time; the ratio is the figure.
 //  - the per-call overhead of a tiny collective (barrier), driver mode vs rank program, p50/p99 µs.
-// Prints a table and writes bench/results/host-<date>.json (date, commit, cpu, config, figures).
-import { execFileSync } from 'node:child_process';
+// Prints a table and writes bench/results/host-<date>.json (date, commit, machine, command, config, figures).
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -13,6 +12,7 @@ import { parseArgs } from 'node:util';
 import { createGroup } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { MoeLoopArgs, MoeLoopResult } from './programs/moe-loop.js';
+import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -49,15 +49,6 @@ const median = (xs: number[]): number => quantile(xs, 0.5);
 const gbps = (bytes: number, ms: number): number => bytes / (ms * 1e-3) / 1e9;
 const mean = (xs: number[]): number => xs.reduce((a, b) => a + b, 0) / xs.length;
 
-function commit(): string {
-  // A copy of the tree on another machine may carry a stale .git: the caller's word comes first.
-  if (process.env.RANKFLOW_COMMIT) return process.env.RANKFLOW_COMMIT;
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
-  } catch {
-    return 'unknown';
-  }
-}
 
 async function main(): Promise<void> {
   const cpu = os.cpus()[0]?.model ?? 'unknown';
@@ -109,7 +100,7 @@ async function main(): Promise<void> {
 
     const date = new Date().toISOString();
     const result = {
-      date, commit: commit(), cpu, cores: os.cpus().length, node: process.version, backend: 'host',
+      date, commit: commit(), machine: machine(), command: command(), cpu, cores: os.cpus().length, node: process.version, backend: 'host',
       config: { ranks, ...moe, barrierIters },
       throughput: { dispatchGBps, combineGBps, memcpyGBps, dispatchVsMemcpy: dispatchGBps / memcpyGBps, combineVsMemcpy: combineGBps / memcpyGBps, perRank: rows },
       barrierUs: barrier,

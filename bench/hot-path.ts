@@ -11,7 +11,6 @@
 // date, commit, machine and command.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs } from 'node:util';
@@ -21,6 +20,7 @@ import { createGroup, probeCuda, sizeHint } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { HotFigure, HotPathArgs } from './programs/hot-path.js';
 import type { OverheadFigure } from './programs/op-overhead.js';
+import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -35,15 +35,6 @@ const { values: flags } = parseArgs({
 const iters = Number(flags.iters), warmup = Number(flags.warmup);
 const pct = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
 
-function commit(): string {
-  // A copy of the tree on another machine may carry a stale .git: the caller's word comes first.
-  if (process.env.RANKFLOW_COMMIT) return process.env.RANKFLOW_COMMIT;
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] }).trim();
-  } catch {
-    return process.env.RANKFLOW_COMMIT ?? 'unknown';
-  }
-}
 
 /** p50 µs of awaited driver-mode (main-thread) barriers. */
 async function driverBarrier(g: Awaited<ReturnType<typeof createGroup>>): Promise<number> {
@@ -189,7 +180,7 @@ const date = new Date().toISOString();
 const file = path.join(flags.out!, `hot-path-${backend}-${date.slice(0, 10)}.json`);
 mkdirSync(flags.out!, { recursive: true });
 writeFileSync(file, JSON.stringify({
-  date, commit: commit(), machine: `${os.hostname()}: ${os.cpus().length} x ${os.cpus()[0]?.model ?? 'cpu'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB`,
-  command: `node ${path.relative(PACKAGE_ROOT, process.argv[1]!)} ${process.argv.slice(2).join(' ')}`.trim(), iters, warmup, result, targets,
+  date, commit: commit(), machine: machine(),
+  command: command(), iters, warmup, result, targets,
 }, null, 1) + '\n');
 console.log(`wrote ${file}`);

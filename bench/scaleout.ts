@@ -7,7 +7,7 @@
 // bytes each rank sends over the scale-out leg per dispatch and per combine (group.traffic()), what
 // the flat design would send between the same nodes (a row per remote destination rank), and the
 // time the scale-out exchanges took. Writes bench/results/scaleout-host-<date>.json.
-import { execFileSync, fork } from 'node:child_process';
+import { fork } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
@@ -17,6 +17,7 @@ import { parseArgs } from 'node:util';
 
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { MoeLoopResult } from './programs/moe-loop.js';
+import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
   options: {
@@ -104,13 +105,6 @@ function summary(results: ChildResult[]) {
   };
 }
 
-function commit(): string {
-  try {
-    return execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: PACKAGE_ROOT, encoding: 'utf8' }).trim();
-  } catch {
-    return 'unknown';
-  }
-}
 
 const cpu = os.cpus()[0]?.model ?? 'unknown';
 console.log(`rankflow scale-out benchmark (host): ${nodes} nodes x ${perNode} ranks, a process per node; ${moe.tokens} tokens x ${moe.hidden} bf16, ` +
@@ -134,7 +128,7 @@ const date = new Date().toISOString().replace(/:/g, '-').slice(0, 19);
 mkdirSync(flags.out!, { recursive: true });
 const file = path.join(flags.out!, `scaleout-host-${date}.json`);
 writeFileSync(file, JSON.stringify({
-  date: new Date().toISOString(), commit: commit(), machine: { cpu, cores: os.cpus().length }, config: { nodes, perNode, ...moe },
+  date: new Date().toISOString(), commit: commit(), machine: machine(), command: command(), cpu: { model: cpu, cores: os.cpus().length }, config: { nodes, perNode, ...moe },
   recordBytes: record, flat, twoLevel: two, remoteRecordsPerDispatch: dedupRows, remoteRowsWithoutDedup: flatRows,
 }, null, 2));
 console.log(`results: ${file}`);
