@@ -74,8 +74,12 @@ export type RankEvent =
   | { type: 'DESTROY' }
   /** the op in progress finished; `phases` it went through, for the record */
   | { type: 'DONE'; phases?: readonly string[] }
-  /** the op in progress threw: EINVAL is a refusal (nothing moved), anything else fails the rank */
-  | { type: 'FAILED'; error: FailureInfo }
+  /**
+   * the op in progress threw: EINVAL is a refusal, anything else fails the rank. `seq`: the native
+   * side's sequence number after it (a refusal found by a kernel, e.g. a bad expert id, took its
+   * number: the op ran), where the worker knows it; without it a refusal gives the op's number back.
+   */
+  | { type: 'FAILED'; error: FailureInfo; seq?: number }
   /** the dispatch in progress waits for its peers' counts (its CPU sync) */
   | { type: 'WAITING' }
   /** the op in progress was started asynchronously: it is in flight, the rank stays in its state */
@@ -172,8 +176,12 @@ export const rankMachine = setup({
       seqBefore: context.seq,
       seq: context.seq + (event.type === 'REPLAY' ? event.ops : 1),
     })),
-    /** The op was refused before it moved anything (the native side took no sequence number): nor does the machine. */
-    refuse: assign(({ context }) => ({ op: null, seq: context.seqBefore })),
+    /**
+     * The op was refused: the machine's count follows the native side's (which takes no number for an
+     * op refused before it launched, and keeps the one of an op a kernel refused); without it, the
+     * op's number is given back.
+     */
+    refuse: assign(({ context, event }) => ({ op: null, seq: event.type === 'FAILED' && event.seq !== undefined ? event.seq : context.seqBefore })),
     /** REGISTER and DESTROY are not collectives: no seq. */
     lifecycle: assign(({ event }) => ({ op: event.type === 'REGISTER' ? ('register' as const) : ('destroy' as const) })),
     done: assign({ op: null }),

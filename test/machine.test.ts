@@ -176,6 +176,23 @@ describe('failures', () => {
     expect(r.context().error).toBeNull();
   });
 
+  test('a refusal gives the op\'s number back, unless the native side says it took it (a kernel refused the op)', () => {
+    const r = ready();
+    r.send({ type: 'BARRIER', withCpuSync: false });
+    r.send({ type: 'DONE' });
+    expect(r.context().seq).toBe(1);
+    r.send({ type: 'DISPATCH' });
+    expect(r.context().seq).toBe(2);
+    r.send({ type: 'FAILED', error: einval });  // refused before it launched: no number taken
+    expect(r.context().seq).toBe(1);
+    r.send({ type: 'DISPATCH' });
+    r.send({ type: 'FAILED', error: einval, seq: 2 });  // refused by the kernel: the op ran with #2
+    expect(r.state()).toBe('ready');
+    expect(r.context().seq).toBe(2);
+    r.send({ type: 'COMBINE' });
+    expect(r.context().seq).toBe(3);
+  });
+
   test('any other error fails the rank and keeps the error', () => {
     const r = ready();
     r.send({ type: 'BARRIER', withCpuSync: false });

@@ -46,6 +46,7 @@ const native = new addon.Context({
 if (init.traffic) native.trafficWords(new BigUint64Array(init.traffic));
 
 const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0 }, port, init.inspect);
+runner.nativeSeq = () => native.seq();
 const ops = new RankOps(init, native, runner);
 const runs = new RunAborts(new Int32Array(init.runAbort));
 // A wait that lasts: the main thread sees the rank's state while its thread is blocked in the op.
@@ -69,6 +70,7 @@ const api = {
   },
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
     ops.register(peers);
+    runner.alignSeq();
   },
   /** A world that spans nodes: the rank's scale-out listener, then its connections (before register). */
   scaleoutListen(host: string): number {

@@ -112,6 +112,10 @@ export class RankRunner {
   private readonly outbox: WorkerMessage[] = [];
   private timer: ReturnType<typeof setTimeout> | undefined;
   private readonly flushSoon = () => this.flush();
+  /** the native context's sequence number (a refused op may or may not have taken one) */
+  nativeSeq?: () => number;
+  /** native seq - the machine's, fixed once the rank is registered (registering takes a native number) */
+  private seqOffset?: number;
 
   constructor(
     readonly rank: number,
@@ -142,6 +146,11 @@ export class RankRunner {
   }
   seq(): number {
     return this.seqNow;
+  }
+  /** The rank is registered, nothing in progress: from now on the two counts move together. */
+  alignSeq(): void {
+    const native = this.nativeSeq?.();
+    if (native !== undefined) this.seqOffset = native - this.seqNow;
   }
 
   /**
@@ -181,7 +190,9 @@ export class RankRunner {
     const f = RankflowError.from(e);
     // The state it failed in, for whoever reads the error later (the op's state, not 'failed').
     const error = f.state !== undefined ? f : new RankflowError(f.code, f.message, { rank: f.rank, phase: f.phase, state: this.path });
-    this.send({ type: 'FAILED', error: failureOf(error) });
+    const native = error.code === 'EINVAL' && this.seqOffset !== undefined ? this.nativeSeq?.() : undefined;
+    const seq = native !== undefined ? native - this.seqOffset! : undefined;
+    this.send({ type: 'FAILED', error: failureOf(error), ...(seq !== undefined ? { seq } : {}) });
     throw error;
   }
 

@@ -67,6 +67,8 @@ export interface NativeContext {
   ncclUniqueId(): Uint8Array | null;
   ncclInit(id: Uint8Array): void;
   info(): NativeInfo;
+  /** the rank's sequence number now (the last collective's) */
+  seq(): number;
   readWindow(offset: number, length: number): Uint8Array;
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
   destroy(): void;

@@ -52,6 +52,7 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::NcclUniqueId>("ncclUniqueId"),
                          InstanceMethod<&ContextWrap::NcclInit>("ncclInit"),
                          InstanceMethod<&ContextWrap::Info>("info"),
+                         InstanceMethod<&ContextWrap::Seq>("seq"),
                          InstanceMethod<&ContextWrap::ReadWindow>("readWindow"),
                          InstanceMethod<&ContextWrap::WritePeer>("writePeer"),
                          InstanceMethod<&ContextWrap::Destroy>("destroy"),
@@ -255,6 +256,11 @@ Napi::Value ContextWrap::Info(const Napi::CallbackInfo& info) {
   d.Set("isScaleupNvlink", c.dom.is_scaleup_nvlink);
   o.Set("domains", d);
   return o;
+}
+
+// The rank's sequence number now (the last collective's), as a Number: exact up to 2^53.
+Napi::Value ContextWrap::Seq(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), double(ctx(info.Env()).seq));
 }
 
 // Probes of the window (tests): ranges inside the device segment, which every rank maps of every peer.
