@@ -19,11 +19,16 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..')
 const ADDON_DIR = path.join(root, 'examples', 'interop-addon');
 const ADDON = path.join(root, 'build', 'interop-addon', 'Release', 'rankflow_interop_example.node');
 
-/** Builds the example addon (cmake-js, nvcc) when it is missing or older than its sources. */
+/**
+ * Builds the example addon (cmake-js, nvcc) when it is missing or older than its sources. A machine
+ * given only the runtime dependencies (the GPU machine: no cmake-js) uses the one built beside them.
+ */
 function buildAddon() {
   const sources = ['CMakeLists.txt', ...readdirSync(path.join(ADDON_DIR, 'src')).map((f) => path.join('src', f))].map((f) => path.join(ADDON_DIR, f));
   if (existsSync(ADDON) && statSync(ADDON).mtimeMs >= Math.max(...sources.map((f) => statSync(f).mtimeMs))) return;
-  execFileSync(process.execPath, [path.join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js'), 'compile', '--directory', ADDON_DIR, '--out', path.join(root, 'build', 'interop-addon')],
+  const cmakeJs = path.join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
+  if (existsSync(ADDON) && !existsSync(cmakeJs)) return;
+  execFileSync(process.execPath, [cmakeJs, 'compile', '--directory', ADDON_DIR, '--out', path.join(root, 'build', 'interop-addon')],
     { cwd: root, stdio: 'inherit' });
 }
 
