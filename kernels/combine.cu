@@ -1,5 +1,7 @@
 // MoE combine on the GPU: the host executor's protocol (native/src/backends/host/moe.cc), bit-identical.
 //   1. enter: block 0 announces the op to every peer; a block writes into peer p once p entered.
+//   (2. and 4. split rows into chunks of whole warp steps when there are more warps than rows: at
+//   small batches a row's steps run side by side in several warps; the sums are the same per element.)
 //   2. send: a warp per received row returns it (16-byte vectors, over NVLink) into its source rank's
 //      buffer at slot my_rank * max_tokens + src_token (combine_x), with its topk weights
 //      (combine_weights). Rows of my own tokens stay where they are: the reduce reads them from x.
@@ -89,9 +91,20 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   const int64_t reduce_warps = split ? warps - send_warps : warps;
   const int64_t reduce_first = split ? first_warp - send_warps : first_warp;
   const uint64_t flag = combine_flag(seq);
+  // Rows in chunks of whole warp steps when there are more warps than rows (small batches: a row's
+  // steps then run side by side in several warps, not one after another). Split mode sends whole
+  // rows: a row's arrival flag follows all of its stores.
+  auto chunks_for = [](int64_t rows, int64_t workers, int64_t steps) {
+    return rows > 0 ? max(int64_t(1), min(steps, workers / rows)) : int64_t(1);
+  };
+  constexpr int64_t kSendStep = int64_t(kWarpSize) * kSendUnroll, kReduceStep = int64_t(kWarpSize) * kReduceUnroll;
+  const int64_t sent = num - my_count;
+  const int64_t send_chunks = split ? 1 : chunks_for(sent, send_warps, (nvec + kSendStep - 1) / kSendStep);
+  const int64_t send_chunk_vecs = (((nvec + kSendStep - 1) / kSendStep + send_chunks - 1) / send_chunks) * kSendStep;
 
   // 2. send: the rows of other ranks' tokens (received rows minus my own range).
-  for (int64_t j = first_warp; ok && sender && j < num - my_count; j += send_warps) {
+  for (int64_t item = first_warp; ok && sender && item < sent * send_chunks; item += send_warps) {
+    const int64_t j = item / send_chunks, chunk = item - j * send_chunks;
     const int64_t o = j < my_first ? j : j + my_count;
     const int r = st.recv_src_rank[o];
     if ((refused >> r) & 1) continue;
@@ -99,19 +112,21 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
     const uint64_t b = buf_base(a, peers, r);
     char* dst = reinterpret_cast<char*>(b + uint64_t(m.buf.combine_x)) + slot * row;
     const char* src = x + o * row;
-    for (int64_t base = 0; base < nvec; base += kWarpSize * kSendUnroll) {
+    const int64_t lo = chunk * send_chunk_vecs, hi = min(nvec, lo + send_chunk_vecs);
+    for (int64_t base = lo; base < hi; base += kSendStep) {
       int4 v[kSendUnroll];
 #pragma unroll
       for (int u = 0; u < kSendUnroll; ++u) {
         const int64_t i = base + u * kWarpSize + lane;
-        if (i < nvec) v[u] = ld_nc_v4(src + i * 16);
+        if (i < hi) v[u] = ld_nc_v4(src + i * 16);
       }
 #pragma unroll
       for (int u = 0; u < kSendUnroll; ++u) {
         const int64_t i = base + u * kWarpSize + lane;
-        if (i < nvec) st_v4(dst + i * 16, v[u]);
+        if (i < hi) st_v4(dst + i * 16, v[u]);
       }
     }
+    if (chunk != 0) continue;
     if (lane < K)
       reinterpret_cast<float*>(b + uint64_t(m.buf.combine_weights))[slot * K + lane] = wsrc[o * K + lane];
     if (split) {
@@ -139,7 +154,10 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   const char* bias1 = reinterpret_cast<const char*>(in.bias1);
   char* ox = reinterpret_cast<char*>(out.x);
   const uint64_t* flags = reinterpret_cast<const uint64_t*>(b + uint64_t(m.buf.combine_flags));
-  for (int64_t t = reduce_first; t < T; t += reduce_warps) {
+  const int64_t reduce_chunks = chunks_for(T, reduce_warps, (nvec + kReduceStep - 1) / kReduceStep);
+  const int64_t reduce_chunk_vecs = (((nvec + kReduceStep - 1) / kReduceStep + reduce_chunks - 1) / reduce_chunks) * kReduceStep;
+  for (int64_t item = reduce_first; item < T * reduce_chunks; item += reduce_warps) {
+    const int64_t t = item / reduce_chunks, chunk = item - t * reduce_chunks;
     const uint64_t mask = st.dest_mask[t];
     if (split) {
       bool arrived = true;
@@ -155,7 +173,8 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
       if (__shfl_sync(0xffffffffu, arrived ? 1 : 0, 0) == 0) return;  // gave up: the whole warp stops
     }
     const int64_t local_row = ((mask >> rank) & 1) ? my_first + st.send_slot[t * W + rank] : -1;
-    for (int64_t base = 0; base < nvec; base += kWarpSize * kReduceUnroll) {
+    const int64_t lo = chunk * reduce_chunk_vecs, hi = min(nvec, lo + reduce_chunk_vecs);
+    for (int64_t base = lo; base < hi; base += kReduceStep) {
       float acc[kReduceUnroll][8];
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u)
@@ -174,14 +193,14 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const int64_t i = base + u * kWarpSize + lane;
-          if (i < nvec) {
+          if (i < hi) {
             v0[u] = ld_v4(src0 + i * 16);
             if (p1 >= 0) v1[u] = ld_v4(src1 + i * 16);
           }
         }
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u)
-          if (base + u * kWarpSize + lane < nvec) {
+          if (base + u * kWarpSize + lane < hi) {
             add8(acc[u], v0[u]);
             if (p1 >= 0) add8(acc[u], v1[u]);
           }
@@ -194,19 +213,19 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u) {
           const int64_t i = base + u * kWarpSize + lane;
-          if (i < nvec) v[u] = ld_nc_v4(biases[k] + t * row + i * 16);
+          if (i < hi) v[u] = ld_nc_v4(biases[k] + t * row + i * 16);
         }
 #pragma unroll
         for (int u = 0; u < kReduceUnroll; ++u)
-          if (base + u * kWarpSize + lane < nvec) add8(acc[u], v[u]);
+          if (base + u * kWarpSize + lane < hi) add8(acc[u], v[u]);
       }
 #pragma unroll
       for (int u = 0; u < kReduceUnroll; ++u) {
         const int64_t i = base + u * kWarpSize + lane;
-        if (i < nvec) st_v4(ox + t * row + i * 16, pack8(acc[u]));
+        if (i < hi) st_v4(ox + t * row + i * 16, pack8(acc[u]));
       }
     }
-    if (lane < K) {
+    if (lane < K && chunk == 0) {
       float w = 0.0f;
       uint64_t mm = mask;
       while (mm != 0) {

@@ -10,7 +10,8 @@
 //   row of that peer's tokens in this rank's buffer (its payload; the host executor ignores it).
 //   An expert id outside [-1, numExperts) is dropped (as -1) and reported in the Control block.
 // rf_dispatch_data (num_sms blocks): waits for every receiver's enter (and learns its offset), then a
-//   warp per token loads the row once (16-byte vectors) and stores it straight into every receiver's
+//   warp per token (per part of its row, when the grid has more warps than tokens) loads the row once
+//   (16-byte vectors) and stores it straight into every receiver's
 //   buffer over NVLink, already compacted at row offset + index (receive order: source rank, then
 //   token), with scales, local expert ids (-1 elsewhere), weights (0 elsewhere) and the source token.
 //   The last block to finish signals `done` to every rank (itself too); every block waits for all
@@ -224,7 +225,15 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   const int64_t first_warp = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + tid / kWarpSize;
   const char* x = static_cast<const char*>(in.x);
-  for (int64_t t = first_warp; ok && t < T; t += warps) {
+  // Work items: (token, chunk of its row). A row is one chunk unless the grid has more warps than
+  // tokens (small batches): then its warp steps run side by side in several warps, not one after
+  // another in one (a 128-token dispatch is latency-bound otherwise).
+  constexpr int64_t kStep = int64_t(kWarpSize) * kUnroll;  // vectors per warp step
+  const int64_t steps = (nvec + kStep - 1) / kStep;
+  const int64_t chunks = T > 0 ? max(int64_t(1), min(steps, warps / T)) : 1;
+  const int64_t chunk_vecs = ((steps + chunks - 1) / chunks) * kStep;
+  for (int64_t j = first_warp; ok && j < T * chunks; j += warps) {
+    const int64_t t = j / chunks, chunk = j - t * chunks;
     uint64_t mask = st.dest_mask[t];
     if (mask == 0) continue;
     // Lane l holds the output row of this token at rank l (and at rank l + 32).
@@ -233,12 +242,13 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
     if (lane + 32 < W && ((mask >> (lane + 32)) & 1)) o_hi = offs[lane + 32] + st.send_slot[t * W + lane + 32];
     mask &= ~refused;  // receivers that replay another handle get nothing
     const char* src = x + t * row;
-    for (int64_t base = 0; base < nvec; base += kWarpSize * kUnroll) {
+    const int64_t lo = chunk * chunk_vecs, hi = min(nvec, lo + chunk_vecs);
+    for (int64_t base = lo; base < hi; base += kStep) {
       int4 v[kUnroll];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t i = base + u * kWarpSize + lane;
-        if (i < nvec) v[u] = ld_nc_v4(src + i * 16);
+        if (i < hi) v[u] = ld_nc_v4(src + i * 16);
       }
       uint64_t mm = mask;
       while (mm != 0) {
@@ -249,10 +259,11 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
           const int64_t i = base + u * kWarpSize + lane;
-          if (i < nvec) st_v4(dst + i * 16, v[u]);
+          if (i < hi) st_v4(dst + i * 16, v[u]);
         }
       }
     }
+    if (chunk != 0) continue;
     // Scales, topk (local expert ids and weights for that receiver only) and the source token.
     int e = -1;
     float w = 0.0f;
