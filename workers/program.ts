@@ -21,6 +21,9 @@ import { interopMethods } from './interop.js';
 import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
 import { RunAbortState } from './run-abort.js';
 
+/** What every replay() returns: it has happened when the call returns (the launch is on the stream). */
+const REPLAYED: Promise<void> = Promise.resolve();
+
 /** A captured sequence of no-CPU-sync ops (rank.capture): every replay is new collectives. */
 export interface CapturedGraph {
   /** collectives one replay runs */
@@ -148,9 +151,15 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
       const event = { type: 'REPLAY', ops: n } as const;
       return {
         ops: n,
-        async replay() {
-          if (freed) throw new RankflowError('STATE', 'this graph was freed');
-          ops.runner.run(event, () => native.replay(graph, n), REPLAY_PHASES);
+        // Not async: a replay is one synchronous launch, and the promise it returns is made once.
+        replay() {
+          try {
+            if (freed) throw new RankflowError('STATE', 'this graph was freed');
+            ops.runner.run(event, () => native.replay(graph, n), REPLAY_PHASES);
+            return REPLAYED;
+          } catch (e) {
+            return Promise.reject(e);
+          }
         },
         free() {
           if (freed) return;

@@ -71,32 +71,33 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
 
 void Context::destroy() noexcept {
   abort.stop();
-  layouts.clear();  // layout states free their backend memory first
-  last_use_.clear();
+  layouts_.clear();  // layout states free their backend memory first
+  use_order_.clear();
   if (backend_) backend_->destroy();
   backend_.reset();
   inflight.clear();  // after the backend: nothing runs on the ops' memory any more
 }
 
 std::shared_ptr<DispatchLayout> Context::layout(uint32_t id) const {
-  const auto it = layouts.find(id);
-  if (it == layouts.end()) return nullptr;
-  last_use_[id] = ++use_clock_;
-  return it->second;
+  const auto it = layouts_.find(id);
+  if (it == layouts_.end()) return nullptr;
+  use_order_.splice(use_order_.begin(), use_order_, it->second.use);  // now the most recently used
+  return it->second.layout;
 }
 
 std::shared_ptr<DispatchLayout> Context::add_layout() {
   auto l = std::make_shared<DispatchLayout>();
   l->id = next_layout_id++;
   if (next_layout_id == 0) next_layout_id = 1;  // 0 means "no handle"
-  layouts[l->id] = l;
-  last_use_[l->id] = ++use_clock_;
-  while (layouts.size() > kMaxLiveHandles) {  // the least recently used handle expires
-    auto oldest = last_use_.begin();
-    for (auto u = last_use_.begin(); u != last_use_.end(); ++u)
-      if (u->second < oldest->second) oldest = u;
-    layouts.erase(oldest->first);
-    last_use_.erase(oldest);
+  if (const auto old = layouts_.find(l->id); old != layouts_.end()) {  // the id wrapped onto a live handle
+    use_order_.erase(old->second.use);
+    layouts_.erase(old);
+  }
+  use_order_.push_front(l->id);
+  layouts_[l->id] = LiveLayout{l, use_order_.begin()};
+  while (layouts_.size() > kMaxLiveHandles) {  // the least recently used handle expires
+    layouts_.erase(use_order_.back());
+    use_order_.pop_back();
   }
   return l;
 }

@@ -5,8 +5,9 @@
 #pragma once
 
 #include <cstdint>
-#include <map>
+#include <list>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "abort.hpp"
@@ -64,9 +65,6 @@ class Context {
   uint64_t seq = 0;            // collectives done; identical on every rank
   uint64_t capture_start = 0;  // seq when the graph being captured began (ops/graph.cc)
   Session session;
-  // Live handles, at most kMaxLiveHandles: using one (a cached dispatch, a combine) keeps it, and the
-  // least recently used goes when a dispatch makes one more (actors/core/handles.ts does the same).
-  std::map<uint32_t, std::shared_ptr<DispatchLayout>> layouts;
   uint32_t next_layout_id = 1;
   int64_t engram_entries = -1, engram_row_bytes = 0;
   InFlight inflight;           // asynchronous ops not yet waited for (runtime/ops/inflight.cc)
@@ -86,12 +84,20 @@ class Context {
   // The layout a handle names (nullptr: unknown or expired); counts as a use.
   std::shared_ptr<DispatchLayout> layout(uint32_t id) const;
   std::shared_ptr<DispatchLayout> add_layout();
+  size_t live_layouts() const { return layouts_.size(); }
   void destroy() noexcept;
 
  private:
   std::unique_ptr<Backend> backend_;
-  mutable std::map<uint32_t, uint64_t> last_use_;
-  mutable uint64_t use_clock_ = 0;
+  // Live handles, at most kMaxLiveHandles: using one (a cached dispatch, a combine) keeps it, and the
+  // least recently used goes when a dispatch makes one more (actors/core/handles.ts does the same).
+  // O(1) each way: the use order is a list, most recent first, each handle pointing at its place.
+  struct LiveLayout {
+    std::shared_ptr<DispatchLayout> layout;
+    std::list<uint32_t>::iterator use;
+  };
+  mutable std::unordered_map<uint32_t, LiveLayout> layouts_;
+  mutable std::list<uint32_t> use_order_;
 };
 
 }  // namespace rankflow
