@@ -72,34 +72,43 @@ interface Step {
   marksBefore: boolean;
   op: OpName | null;
   opId: number;
+  /** how the ops in flight change (ISSUED: +1 of its kind, COMPLETED: -1) */
+  inflight: InFlightCounts;
 }
 
+type InFlightCounts = { gather: number; reduce: number; fetch: number };
+const NONE_IN_FLIGHT: InFlightCounts = Object.freeze({ gather: 0, reduce: 0, fetch: 0 });
+/** Steps are learnt with up to this many ops of a kind in flight (the guards read the counts). */
+const MAX_MEMO_IN_FLIGHT = 64;
+
 /**
- * Events whose step, while no op is in flight, depends only on the state and on whether an op runs
- * (the guards read nothing else; FAILED's read the error and always go to the actor): they may take
- * the memoised path.
+ * Events whose step depends only on the state, on whether an op runs and on the counts of ops in
+ * flight (the guards read nothing else; FAILED's read the error and always go to the actor): they may
+ * take the memoised path, learnt per (counts, state, event; ISSUED / COMPLETED per kind).
  */
 const HOT = new Set<string>([
   'BARRIER', 'ALL_GATHER', 'DISPATCH', 'COMBINE', 'WAITING', 'DONE', 'REPLAY', 'ENGRAM_WRITE', 'ENGRAM_FETCH',
-  'PP_EXCHANGE', 'SESSION_ALL_GATHER', 'SESSION_REDUCE_SCATTER',
+  'PP_EXCHANGE', 'SESSION_ALL_GATHER', 'SESSION_REDUCE_SCATTER', 'ISSUED', 'COMPLETED',
 ]);
+const eventKey = (e: RankEvent): string => (e.type === 'ISSUED' || e.type === 'COMPLETED' ? `${e.type}:${e.kind}` : e.type);
 
 /**
  * The machine's decisions at the cost of two map lookups. An xstate send costs ~5 us (two per op: a
  * barrier's whole budget), so each hot (state, event) pair is sent to the actor once, and what the
  * machine did is memoised as a Step and replayed by the runner from then on, with the context's seq
  * and op kept here. The actor is brought up to date (a snapshot resolved from the state and context
- * here) before any other event: a refusal, a failure, a peer's failure, the lifecycle, an op issued
- * or completed asynchronously (and every event while one is in flight). With `inspect` every event
- * goes to the actor, so the inspection stream has them all.
+ * here) before any other event: a refusal, a failure, a peer's failure, the lifecycle. Ops issued and
+ * completed asynchronously are memoised too, keyed by the counts in flight (the guards read them).
+ * With `inspect` every event goes to the actor, so the inspection stream has them all.
  */
 export class RankRunner {
   private actor: Actor<typeof rankMachine>;
   private readonly input;
   private stale = false;
-  private readonly stepsIdle = new Map<string, Map<string, Step>>();
-  private readonly stepsBusy = new Map<string, Map<string, Step>>();
-  private inflightAny = false;
+  /** key: `${op running ? 1 : 0}|${gather},${reduce},${fetch}|${state}|${event}` */
+  private readonly steps = new Map<string, Step>();
+  /** the machine's inflight counts (kept here between actor updates) */
+  private inFlight: InFlightCounts = NONE_IN_FLIGHT;
   // The rank's state as the machine left it (kept here between actor updates).
   private path = 'init';
   private value: StateValue = 'init';
@@ -226,7 +235,7 @@ export class RankRunner {
     if (this.stale) {
       const ctx = this.actor.getSnapshot().context;
       this.actor.stop();
-      this.actor = this.makeActor(rankMachine.resolveState({ value: this.value, context: { ...ctx, seq: this.seqNow, seqBefore: this.seqBefore, op: this.op } }));
+      this.actor = this.makeActor(rankMachine.resolveState({ value: this.value, context: { ...ctx, seq: this.seqNow, seqBefore: this.seqBefore, op: this.op, inflight: { ...this.inFlight } } }));
       this.stale = false;
     }
     return this.actor;
@@ -234,12 +243,16 @@ export class RankRunner {
 
   /** One event into the machine; false when the machine did not take it. */
   private send(event: RankEvent): boolean {
-    // Guards read the context (an op running; ops in flight): steps are kept apart by whether an op
-    // runs, and neither used nor learnt while an op is in flight (its ISSUED / COMPLETED go to the actor).
-    const steps = this.op === null ? this.stepsIdle : this.stepsBusy;
-    const step = this.inspect || this.inflightAny ? undefined : steps.get(this.path)?.get(event.type);
+    // Guards read the context (an op running; the ops in flight): steps are kept apart by both.
+    const key = this.inspect ? '' : this.stepKey(this.op !== null, this.inFlight, this.path, eventKey(event));
+    const step = this.inspect ? undefined : this.steps.get(key);
     if (step) {
       const fromId = this.pathId;
+      const d = step.inflight;
+      if (d !== NONE_IN_FLIGHT) {
+        const i = this.inFlight;
+        this.inFlight = { gather: i.gather + d.gather, reduce: i.reduce + d.reduce, fetch: i.fetch + d.fetch };
+      }
       this.path = step.to;
       this.value = step.toValue;
       this.pathId = step.toId;
@@ -247,6 +260,7 @@ export class RankRunner {
       this.seqNow += step.seq === 'ops' ? (event as { ops: number }).ops : step.seq;
       this.op = step.op;
       this.stale = true;
+      if (this.pathId === fromId) return true;  // no transition (an op issued or completed in its state)
       const phases = (event as { phases?: readonly string[] }).phases;
       this.record(fromId, this.pathId, this.log.id(event.type), step.opId, phases ? this.log.phases(phases) : -1);
       return true;
@@ -258,10 +272,8 @@ export class RankRunner {
     if (snap === before) return false;
     const to = statePath(snap.value);
     const c = snap.context;
-    const quiet = (i: { gather: number; reduce: number; fetch: number }) => i.gather === 0 && i.reduce === 0 && i.fetch === 0;
-    if (HOT.has(event.type) && c.error === before.context.error && to !== this.path && quiet(before.context.inflight) && quiet(c.inflight))
-      this.learn(event, before.context, snap, to);
-    this.inflightAny = !quiet(c.inflight);
+    if (!this.inspect && HOT.has(event.type) && c.error === before.context.error) this.learn(event, before.context, snap, to);
+    this.inFlight = c.inflight;
     const from = this.path;
     const fromId = this.pathId;
     this.path = to;
@@ -289,18 +301,28 @@ export class RankRunner {
   }
 
   /** Remembers what the machine did with a hot event here, to replay it next time without the actor. */
-  private learn(event: RankEvent, before: { seq: number; seqBefore: number; op: OpName | null }, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
+  private stepKey(busy: boolean, i: InFlightCounts, path: string, event: string): string {
+    return `${busy ? 1 : 0}|${i.gather},${i.reduce},${i.fetch}|${path}|${event}`;
+  }
+
+  private learn(event: RankEvent, before: { seq: number; seqBefore: number; op: OpName | null; inflight: InFlightCounts }, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
+    const bi = before.inflight, ai = snap.context.inflight;
+    if (Math.max(bi.gather, bi.reduce, bi.fetch, ai.gather, ai.reduce, ai.fetch) > MAX_MEMO_IN_FLIGHT) return;
+    const d = { gather: ai.gather - bi.gather, reduce: ai.reduce - bi.reduce, fetch: ai.fetch - bi.fetch };
+    // Only ISSUED / COMPLETED move the counts, by one of their kind (COMPLETED's clamp at 0 included).
+    const kind = event.type === 'ISSUED' || event.type === 'COMPLETED' ? event.kind : null;
+    for (const k of ['gather', 'reduce', 'fetch'] as const)
+      if (d[k] !== 0 && (k !== kind || Math.abs(d[k]) !== 1)) return;
+    const inflight = d.gather === 0 && d.reduce === 0 && d.fetch === 0 ? NONE_IN_FLIGHT : d;
     const delta = snap.context.seq - before.seq;
     // The step either marks where the op began (seqBefore = the seq before it) or leaves seqBefore be.
     const marksBefore = snap.context.seqBefore !== before.seqBefore || (delta !== 0 && snap.context.seqBefore === before.seq);
     if (marksBefore && snap.context.seqBefore !== before.seq) return;  // anything else: not memoised
     const seq = event.type === 'REPLAY' ? (delta === (event as { ops: number }).ops ? 'ops' : null) : delta;
     if (seq === null) return;
-    const op = snap.context.op ?? (event.type === 'DONE' ? opOf(this.path) ?? null : null);
-    const steps = before.op === null ? this.stepsIdle : this.stepsBusy;
-    let here = steps.get(this.path);
-    if (!here) steps.set(this.path, (here = new Map()));
-    here.set(event.type, { to, toValue: snap.value, toId: this.log.id(to), seq, marksBefore, op: snap.context.op, opId: op ? this.log.id(op) : -1 });
+    const op = snap.context.op ?? (event.type === 'DONE' || event.type === 'COMPLETED' ? opOf(this.path) ?? null : null);
+    this.steps.set(this.stepKey(before.op !== null, bi, this.path, eventKey(event)),
+      { to, toValue: snap.value, toId: this.log.id(to), seq, marksBefore, op: snap.context.op, opId: op ? this.log.id(op) : -1, inflight });
   }
 
   private record(from: number, to: number, event: number, op: number, phases: number): void {

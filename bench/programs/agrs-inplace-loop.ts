@@ -18,13 +18,16 @@ export interface InplaceLoopResult { rank: number; backend: string; gather: Gath
 
 type Session = RankSession;
 
-/** ops of one size in sessions of at most `k` ops (each op takes a fresh region of W * bytes). */
-async function sessions(rank: RankProgramHandle, bytes: number, ops: number, body: (s: Session, k: number) => Promise<number[]>): Promise<number[]> {
+/**
+ * ops of one size in sessions of at most `k` ops (each op takes a fresh region of W * bytes); `extra`
+ * more collectives per session for the body's own use (a small allGather that lines the ranks up).
+ */
+async function sessions(rank: RankProgramHandle, bytes: number, ops: number, body: (s: Session, k: number) => Promise<number[]>, extra = 0): Promise<number[]> {
   const room = Math.floor((rank.info().bufferBytes - (4 << 20)) / (Math.ceil((rank.worldSize * bytes) / 256) * 256));
-  const k = Math.max(1, Math.min(ops, room));
+  const k = Math.max(1, Math.min(ops, room - extra));
   const out: number[] = [];
   for (let done = 0; done < ops; done += k) {
-    const s = await rank.openSession({ maxBytes: bytes, maxAllGathers: k });
+    const s = await rank.openSession({ maxBytes: bytes, maxAllGathers: k + extra });
     try {
       out.push(...(await body(s, Math.min(k, ops - done))));
     } finally {
@@ -73,17 +76,22 @@ async function gatherCuda(rank: RankProgramHandle<'cuda'>, bytes: number, ops: n
     for (const o of outs) o.free();
     return Array(k).fill(ms * 1000);
   });
+  const line = rank.tensor('int32', [4], Int32Array.of(1, 2, 3, 4));
   const inplaceUs = await sessions(rank, bytes, ops, async (s, k) => {
     const ts = Array.from({ length: k }, () => {
       const t = s.tensor('int32', [n]);
       t.upload(host);
       return t;
     });
+    // The uploads (pageable: synchronous, ~ms each at 16 MiB) end at different times on the ranks: a
+    // small gather lines them up first, or the earlier rank's timed ops would wait for the later one.
+    (await s.allGather(line)).free();
     const hs: Array<{ wait(): Promise<unknown> }> = [];
     const ms = await rank.timeIt(async (i) => void hs.push(s.allGather(ts[i]!, { async: true })), k);
     for (const h of hs) await h.wait();
     return Array(k).fill(ms * 1000);
-  });
+  }, 1);
+  line.free();
   x.free();
   return { bytes, copyUs, inplaceUs };
 }
