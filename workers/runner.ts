@@ -91,6 +91,7 @@ const HOT = new Set<string>([
   'PP_EXCHANGE', 'SESSION_ALL_GATHER', 'SESSION_REDUCE_SCATTER', 'ISSUED', 'COMPLETED',
 ]);
 const eventKey = (e: RankEvent): string => (e.type === 'ISSUED' || e.type === 'COMPLETED' ? `${e.type}:${e.kind}` : e.type);
+const contextKey = (busy: boolean, i: InFlightCounts): string => `${busy ? 1 : 0}|${i.gather},${i.reduce},${i.fetch}`;
 
 /**
  * The machine's decisions at the cost of two map lookups. An xstate send costs ~5 us (two per op: a
@@ -105,10 +106,13 @@ export class RankRunner {
   private actor: Actor<typeof rankMachine>;
   private readonly input;
   private stale = false;
-  /** key: `${op running ? 1 : 0}|${gather},${reduce},${fetch}|${state}|${event}` */
-  private readonly steps = new Map<string, Step>();
+  /** steps by context (op running or not, the counts in flight), then state, then event */
+  private readonly steps = new Map<string, Map<string, Map<string, Step>>>();
   /** the machine's inflight counts (kept here between actor updates) */
   private inFlight: InFlightCounts = NONE_IN_FLIGHT;
+  /** the context keys for the counts now, without and with an op running (made when the counts change) */
+  private idleKey = contextKey(false, NONE_IN_FLIGHT);
+  private busyKey = contextKey(true, NONE_IN_FLIGHT);
   // The rank's state as the machine left it (kept here between actor updates).
   private path = 'init';
   private value: StateValue = 'init';
@@ -244,14 +248,13 @@ export class RankRunner {
   /** One event into the machine; false when the machine did not take it. */
   private send(event: RankEvent): boolean {
     // Guards read the context (an op running; the ops in flight): steps are kept apart by both.
-    const key = this.inspect ? '' : this.stepKey(this.op !== null, this.inFlight, this.path, eventKey(event));
-    const step = this.inspect ? undefined : this.steps.get(key);
+    const step = this.inspect ? undefined : this.steps.get(this.op !== null ? this.busyKey : this.idleKey)?.get(this.path)?.get(eventKey(event));
     if (step) {
       const fromId = this.pathId;
       const d = step.inflight;
       if (d !== NONE_IN_FLIGHT) {
         const i = this.inFlight;
-        this.inFlight = { gather: i.gather + d.gather, reduce: i.reduce + d.reduce, fetch: i.fetch + d.fetch };
+        this.setInFlight({ gather: i.gather + d.gather, reduce: i.reduce + d.reduce, fetch: i.fetch + d.fetch });
       }
       this.path = step.to;
       this.value = step.toValue;
@@ -273,7 +276,7 @@ export class RankRunner {
     const to = statePath(snap.value);
     const c = snap.context;
     if (!this.inspect && HOT.has(event.type) && c.error === before.context.error) this.learn(event, before.context, snap, to);
-    this.inFlight = c.inflight;
+    if (c.inflight !== this.inFlight) this.setInFlight(c.inflight);
     const from = this.path;
     const fromId = this.pathId;
     this.path = to;
@@ -301,8 +304,12 @@ export class RankRunner {
   }
 
   /** Remembers what the machine did with a hot event here, to replay it next time without the actor. */
-  private stepKey(busy: boolean, i: InFlightCounts, path: string, event: string): string {
-    return `${busy ? 1 : 0}|${i.gather},${i.reduce},${i.fetch}|${path}|${event}`;
+  private setInFlight(i: InFlightCounts): void {
+    const was = this.inFlight;
+    this.inFlight = i;
+    if (i.gather === was.gather && i.reduce === was.reduce && i.fetch === was.fetch) return;
+    this.idleKey = contextKey(false, i);
+    this.busyKey = contextKey(true, i);
   }
 
   private learn(event: RankEvent, before: { seq: number; seqBefore: number; op: OpName | null; inflight: InFlightCounts }, snap: ReturnType<Actor<typeof rankMachine>['getSnapshot']>, to: string): void {
@@ -321,8 +328,12 @@ export class RankRunner {
     const seq = event.type === 'REPLAY' ? (delta === (event as { ops: number }).ops ? 'ops' : null) : delta;
     if (seq === null) return;
     const op = snap.context.op ?? (event.type === 'DONE' || event.type === 'COMPLETED' ? opOf(this.path) ?? null : null);
-    this.steps.set(this.stepKey(before.op !== null, bi, this.path, eventKey(event)),
-      { to, toValue: snap.value, toId: this.log.id(to), seq, marksBefore, op: snap.context.op, opId: op ? this.log.id(op) : -1, inflight });
+    const ck = contextKey(before.op !== null, bi);
+    let states = this.steps.get(ck);
+    if (!states) this.steps.set(ck, (states = new Map()));
+    let here = states.get(this.path);
+    if (!here) states.set(this.path, (here = new Map()));
+    here.set(eventKey(event), { to, toValue: snap.value, toId: this.log.id(to), seq, marksBefore, op: snap.context.op, opId: op ? this.log.id(op) : -1, inflight });
   }
 
   private record(from: number, to: number, event: number, op: number, phases: number): void {
