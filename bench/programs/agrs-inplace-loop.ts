@@ -21,12 +21,23 @@ type Session = RankSession;
 /**
  * ops of one size in sessions of at most `k` ops (each op takes a fresh region of W * bytes); `extra`
  * more collectives per session for the body's own use (a small allGather that lines the ranks up).
+ * The first session is a warm-up and not counted (the runner learns each state and count of ops in
+ * flight once, through the xstate actor; later ones replay it).
  */
 async function sessions(rank: RankProgramHandle, bytes: number, ops: number, body: (s: Session, k: number) => Promise<number[]>, extra = 0): Promise<number[]> {
   const room = Math.floor((rank.info().bufferBytes - (4 << 20)) / (Math.ceil((rank.worldSize * bytes) / 256) * 256));
   const k = Math.max(1, Math.min(ops, room - extra));
   const out: number[] = [];
-  for (let done = 0; done < ops; done += k) {
+  for (let done = -k; done < ops; done += k) {
+    if (done < 0) {
+      const s = await rank.openSession({ maxBytes: bytes, maxAllGathers: k + extra });
+      try {
+        await body(s, k);
+      } finally {
+        await s.close();
+      }
+      continue;
+    }
     const s = await rank.openSession({ maxBytes: bytes, maxAllGathers: k + extra });
     try {
       out.push(...(await body(s, Math.min(k, ops - done))));
