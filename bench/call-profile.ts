@@ -1,5 +1,5 @@
 // What a call costs on the CPU (node --cpu-prof --cpu-prof-dir=DIR dist/bench/call-profile.js
-// [--op dispatch|combine|barrier] [--iters 20000]): a cuda group of 1 rank runs one op back to back
+// [--op dispatch|dispatch-nosync|combine|barrier] [--iters 20000] [--tokens 128]): a cuda group of 1 rank runs one op back to back
 // in a rank program; the rank's worker thread writes its own profile. Prints µs per call.
 import { parseArgs } from 'node:util';
 

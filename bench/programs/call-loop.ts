@@ -1,8 +1,9 @@
 // Rank program of bench/call-profile.ts: `iters` calls of one op back to back (no sync between), for
-// a CPU profile of what a call costs on the rank's thread. Returns µs per call.
+// a CPU profile of what a call costs on the rank's thread. Returns µs per call. Ops: a cached dispatch
+// with outputs in the buffer, one without a handle and without CPU sync, a combine, a barrier.
 import type { RankProgramHandle } from '../../actors/index.js';
 
-export interface CallLoopArgs { hidden: number; topk: number; experts: number; tokens: number; iters: number; op: 'dispatch' | 'combine' | 'barrier' }
+export interface CallLoopArgs { hidden: number; topk: number; experts: number; tokens: number; iters: number; op: 'dispatch' | 'dispatch-nosync' | 'combine' | 'barrier' }
 
 export default async function callLoop(rank: RankProgramHandle<'cuda'>, a: CallLoopArgs): Promise<number> {
   const T = a.tokens;
@@ -14,6 +15,7 @@ export default async function callLoop(rank: RankProgramHandle<'cuda'>, a: CallL
   const d0 = await rank.dispatch({ x, topkIdx, topkWeights });
   const cx = rank.tensor('bf16', [d0.numRecv!, a.hidden]);
   const once = a.op === 'dispatch' ? () => rank.dispatch({ x, handle: d0.handle }, { outputsInBuffer: true })
+    : a.op === 'dispatch-nosync' ? () => rank.dispatch({ x, topkIdx, topkWeights }, { outputsInBuffer: true })
     : a.op === 'combine' ? async () => {
       const c = await rank.combine({ x: cx, handle: d0.handle });
       c.x.free();
