@@ -84,7 +84,6 @@ class Context {
   // The layout a handle names (nullptr: unknown or expired); counts as a use.
   std::shared_ptr<DispatchLayout> layout(uint32_t id) const;
   std::shared_ptr<DispatchLayout> add_layout();
-  size_t live_layouts() const { return layouts_.size(); }
   void destroy() noexcept;
 
  private:
