@@ -124,3 +124,26 @@ describe('RANKFLOW_TEST_FIRST_SEQ', () => {
         }
     });
 });
+
+describe('an op refused after it took its number (ranks replaying handles of different dispatches)', () => {
+    test('every rank keeps the number the native side took: machine and native counts agree, and the next collectives match', async () => {
+        process.env.RANKFLOW_TEST_FIRST_SEQ = '';
+        const g = await createGroup({ backend: 'host', ranks: 2, buffer });
+        try {
+            const [r0, r1] = await g.run<{ mixed: { code?: string } }>(program('mixed-handles.mjs'), { odd: 0, hidden: cfg.hidden, topk: cfg.topk, experts: cfg.numExperts, tokens: 4 });
+            expect([r0!.mixed.code, r1!.mixed.code]).toEqual(['EINVAL', 'EINVAL']);
+            // a, b, the refused one (its enter signals went out: it took #3), again: 4 collectives.
+            const seqs = async (want: number) => {
+                expect(g.snapshot().map((x) => x.seq)).toEqual([want, want]);
+                for (let r = 0; r < 2; r++) expect((await g.info(r)).seq).toBe(want + 1);
+            };
+            await seqs(4);
+            await g.barrier();
+            await seqs(5);
+            const out = await g.dispatch([0, 1].map(() => ({ x: tensor('bf16', [1, cfg.hidden]), topkIdx: Int32Array.of(0, 5), topkWeights: Float32Array.of(1, 1) })));
+            expect(out.map((o) => o.handle.seq)).toEqual([6, 6]);
+        } finally {
+            await g.destroy();
+        }
+    });
+});
