@@ -48,21 +48,7 @@ describe('docs/inspector.md', () => {
 
     test('every example type-checks against the package', () => {
         const files = blocks.map((_, i) => join(dir, `example-${i}.ts`));
-        const program = ts.createProgram(files, {
-            module: ts.ModuleKind.NodeNext,
-            moduleResolution: ts.ModuleResolutionKind.NodeNext,
-            target: ts.ScriptTarget.ES2022,
-            lib: ['lib.es2022.d.ts'],
-            types: ['node'],
-            strict: true,
-            noEmit: true,
-            skipLibCheck: true
-        });
-        const problems = ts.getPreEmitDiagnostics(program).map((d) => {
-            const where = d.file ? `${d.file.fileName.slice(dir.length + 1)}:${d.file.getLineAndCharacterOfPosition(d.start ?? 0).line + 1}` : '';
-            return `${where} ${ts.flattenDiagnosticMessageText(d.messageText, '\n')}`;
-        });
-        expect(problems).toEqual([]);
+        expect(typeCheck(files, dir)).toEqual([]);
     }, 60_000);
 
     test('every example runs, in order', async () => {
