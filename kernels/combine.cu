@@ -91,17 +91,12 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   const int64_t reduce_warps = split ? warps - send_warps : warps;
   const int64_t reduce_first = split ? first_warp - send_warps : first_warp;
   const uint64_t flag = combine_flag(seq);
-  // Rows in chunks (whole 16-byte loads per lane) when there are more warps than rows (small batches:
-  // a row's loads then run side by side in several warps, not one step after another in one). Split
-  // mode sends whole rows: a row's arrival flag follows all of its stores.
-  auto chunks_for = [](int64_t rows, int64_t workers, int64_t steps) {
-    return rows > 0 ? max(int64_t(1), min(steps, workers / rows)) : int64_t(1);
-  };
+  // Rows in chunks when there are more warps than rows (row_chunks, common.cuh). Split mode sends whole
+  // rows (counted as no spare warps): a row's arrival flag follows all of its stores.
   constexpr int64_t kSendStep = int64_t(kWarpSize) * kSendUnroll, kReduceStep = int64_t(kWarpSize) * kReduceUnroll;
   const int64_t sent = num - my_count;
-  const int64_t lane_rows = (nvec + kWarpSize - 1) / kWarpSize;  // 16-byte loads per lane for a whole row
-  const int64_t send_chunks = split ? 1 : chunks_for(sent, send_warps, lane_rows);
-  const int64_t send_chunk_vecs = ((lane_rows + send_chunks - 1) / send_chunks) * kWarpSize;
+  const RowChunks send_rc = row_chunks(sent, split ? 0 : send_warps, nvec);
+  const int64_t send_chunks = send_rc.chunks, send_chunk_vecs = send_rc.vecs;
 
   // 2. send: the rows of other ranks' tokens (received rows minus my own range).
   for (int64_t item = first_warp; ok && sender && item < sent * send_chunks; item += send_warps) {
@@ -155,8 +150,8 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   const char* bias1 = reinterpret_cast<const char*>(in.bias1);
   char* ox = reinterpret_cast<char*>(out.x);
   const uint64_t* flags = reinterpret_cast<const uint64_t*>(b + uint64_t(m.buf.combine_flags));
-  const int64_t reduce_chunks = chunks_for(T, reduce_warps, lane_rows);
-  const int64_t reduce_chunk_vecs = ((lane_rows + reduce_chunks - 1) / reduce_chunks) * kWarpSize;
+  const RowChunks reduce_rc = row_chunks(T, reduce_warps, nvec);
+  const int64_t reduce_chunks = reduce_rc.chunks, reduce_chunk_vecs = reduce_rc.vecs;
   for (int64_t item = reduce_first; item < T * reduce_chunks; item += reduce_warps) {
     const int64_t t = item / reduce_chunks, chunk = item - t * reduce_chunks;
     const uint64_t mask = st.dest_mask[t];

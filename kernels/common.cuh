@@ -183,6 +183,20 @@ __device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) {
   return true;
 }
 
+// Rows of a small batch in chunks: when there are more warps than rows, a row's 16-byte loads run
+// side by side in several warps (work item = row * chunks + chunk) instead of one step after another
+// in one warp (a 128-token op is latency-bound otherwise). With no more warps than rows, one chunk
+// per row. `vecs`: 16-byte vectors per chunk, a multiple of the warp size.
+struct RowChunks {
+  int64_t chunks;
+  int64_t vecs;
+};
+__device__ __forceinline__ RowChunks row_chunks(int64_t rows, int64_t warps, int64_t row_vecs) {
+  const int64_t lane_loads = (row_vecs + kWarpSize - 1) / kWarpSize;  // per lane, for a whole row
+  const int64_t chunks = rows > 0 ? max(int64_t(1), min(lane_loads, warps / rows)) : int64_t(1);
+  return RowChunks{chunks, ((lane_loads + chunks - 1) / chunks) * kWarpSize};
+}
+
 // ---- bulk copies ----
 // Independent 16-byte loads in flight per lane before the first store (Hopper: several per thread).
 constexpr int kCopyUnroll = 4;

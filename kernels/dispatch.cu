@@ -225,13 +225,10 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   const int64_t first_warp = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + tid / kWarpSize;
   const char* x = static_cast<const char*>(in.x);
-  // Work items: (token, chunk of its row). A row is one chunk unless the grid has more warps than
-  // tokens (small batches): then its 16-byte loads run side by side in several warps, not one step
-  // after another in one (a 128-token dispatch is latency-bound otherwise).
+  // Work items: (token, chunk of its row): row_chunks (common.cuh).
   constexpr int64_t kStep = int64_t(kWarpSize) * kUnroll;  // vectors per warp step
-  const int64_t lane_rows = (nvec + kWarpSize - 1) / kWarpSize;  // 16-byte loads per lane for a whole row
-  const int64_t chunks = T > 0 ? max(int64_t(1), min(lane_rows, warps / T)) : 1;
-  const int64_t chunk_vecs = ((lane_rows + chunks - 1) / chunks) * kWarpSize;
+  const RowChunks rc = row_chunks(T, warps, nvec);
+  const int64_t chunks = rc.chunks, chunk_vecs = rc.vecs;
   for (int64_t j = first_warp; ok && j < T * chunks; j += warps) {
     const int64_t t = j / chunks, chunk = j - t * chunks;
     uint64_t mask = st.dest_mask[t];
