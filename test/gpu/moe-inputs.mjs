@@ -37,6 +37,16 @@ export function moeInput(seed, rank, tokens, { fp8 = false, routing = 'random' }
   return { x, scales, topkIdx, topkWeights };
 }
 
+/** A bf16 moeInput of `tokens` tokens as the device tensors a cuda rank program dispatches. */
+export function deviceMoeInput(rank, inp, tokens) {
+  const { hidden, topk } = MOE_BUFFER;
+  return {
+    x: rank.tensor('bf16', [tokens, hidden], inp.x),
+    topkIdx: rank.tensor('int32', [tokens, topk], inp.topkIdx),
+    topkWeights: rank.tensor('fp32', [tokens, topk], inp.topkWeights),
+  };
+}
+
 /** bf16 rows for combine: [rows, hidden] (finite values), and per-row weights. */
 export function combineInput(seed, rank, rows) {
   const { hidden, topk } = MOE_BUFFER;

@@ -8,7 +8,7 @@
 // Then A's rows are combined too. Returns both combines, what the handles were, and the refusals.
 import { createRequire } from 'node:module';
 
-import { MOE_BUFFER, moeInput } from '../moe-inputs.mjs';
+import { MOE_BUFFER, moeInput, deviceMoeInput } from '../moe-inputs.mjs';
 import { factorA, factorB, factors } from '../interop-inputs.mjs';
 
 const DELAY_NS = 50e6;
@@ -23,12 +23,10 @@ const codeOf = (fn) => {
 
 export default async function (rank, { seed, tokens, addonPath }) {
   const addon = createRequire(import.meta.url)(addonPath);
-  const { hidden, topk } = MOE_BUFFER;
+  const { hidden } = MOE_BUFFER;
   const T = tokens[rank.rank];
   const inp = moeInput(seed, rank.rank, T);
-  const x = rank.tensor('bf16', [T, hidden], inp.x);
-  const topkIdx = rank.tensor('int32', [T, topk], inp.topkIdx);
-  const topkWeights = rank.tensor('fp32', [T, topk], inp.topkWeights);
+  const { x, topkIdx, topkWeights } = deviceMoeInput(rank, inp, T);
   const stream = rank.cudaStream();
   const handles = {
     stream: stream !== 0n && rank.cudaStream() === stream,

@@ -1,16 +1,13 @@
 // Rank program of test/gpu/moe.test.mjs: rank 0's device topkIdx holds expert 999 (of 256). The
 // program handle does not read device values; the notify kernel reports the slot, and the dispatch
 // is EINVAL on the ranks that see it (the others' dispatch completes without those rows).
-import { MOE_BUFFER, moeInput } from '../moe-inputs.mjs';
+import { moeInput, deviceMoeInput } from '../moe-inputs.mjs';
 
 export default async function (rank, { tokens }) {
   const T = Math.max(tokens[rank.rank], 1);
-  const { hidden, topk } = MOE_BUFFER;
   const i = moeInput(21, rank.rank, T);
   if (rank.rank === 0) i.topkIdx[3] = 999;
-  const x = rank.tensor('bf16', [T, hidden], i.x);
-  const topkIdx = rank.tensor('int32', [T, topk], i.topkIdx);
-  const topkWeights = rank.tensor('fp32', [T, topk], i.topkWeights);
+  const { x, topkIdx, topkWeights } = deviceMoeInput(rank, i, T);
   let result;
   try {
     const d = await rank.dispatch({ x, topkIdx, topkWeights });

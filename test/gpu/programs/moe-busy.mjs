@@ -4,21 +4,19 @@
 // sharing the GPU split them), which must finish long before the busy kernel; (2) the same with the
 // default grids, which are launched cooperatively: they may wait for SMs, but never deadlock or time
 // out (the group runs with gpuSeconds shorter than busyMs). Both are read back for the test to check.
-import { MOE_BUFFER, combineInput, moeInput } from '../moe-inputs.mjs';
+import { MOE_BUFFER, combineInput, moeInput, deviceMoeInput } from '../moe-inputs.mjs';
 
 const host = (t) => t.toHost().data;
 
 export default async function (rank, { seed, tokens, busyMs, freeSms = 8 }) {
   const T = tokens[rank.rank];
-  const { hidden, topk } = MOE_BUFFER;
+  const { hidden } = MOE_BUFFER;
   const { sms, smShare } = rank.info().device;
   const shared = smShare < sms;
   const busySms = Math.max(0, sms - freeSms);
   const numSms = Math.max(1, Math.floor(freeSms / (shared ? rank.worldSize : 1)));
   const inp = moeInput(seed, rank.rank, T);
-  const x = rank.tensor('bf16', [T, hidden], inp.x);
-  const topkIdx = rank.tensor('int32', [T, topk], inp.topkIdx);
-  const topkWeights = rank.tensor('fp32', [T, topk], inp.topkWeights);
+  const { x, topkIdx, topkWeights } = deviceMoeInput(rank, inp, T);
   await rank.barrier();
   if (!shared || rank.rank === 0) rank.occupySms(busySms, busyMs);
   await new Promise((r) => setTimeout(r, 100));  // the busy kernel is resident

@@ -1,6 +1,6 @@
 // Rank program of test/gpu/moe.test.mjs: dispatch and combine of device-resident tensors on cuda,
 // with CPU sync, with the outputs left in the buffer, and cached; results read back with toHost().
-import { MOE_BUFFER, biasInput, combineInput, moeInput } from '../moe-inputs.mjs';
+import { MOE_BUFFER, biasInput, combineInput, moeInput, deviceMoeInput } from '../moe-inputs.mjs';
 
 const host = (t) => t.toHost().data;
 
@@ -8,9 +8,7 @@ export default async function (rank, { seed, tokens }) {
   const T = tokens[rank.rank];
   const { hidden, topk } = MOE_BUFFER;
   const inp = moeInput(seed, rank.rank, T);
-  const x = rank.tensor('bf16', [T, hidden], inp.x);
-  const topkIdx = rank.tensor('int32', [T, topk], inp.topkIdx);
-  const topkWeights = rank.tensor('fp32', [T, topk], inp.topkWeights);
+  const { x, topkIdx, topkWeights } = deviceMoeInput(rank, inp, T);
 
   const d = await rank.dispatch({ x, topkIdx, topkWeights });
   const R = d.numRecv;

@@ -2,17 +2,15 @@
 // with its outputs in the buffer; g2 a cached dispatch, a combine of it and a barrier (the combine's
 // region of the buffer overlaps the dispatch's, so the dispatch outputs are read after g1). Each is
 // replayed `replays` times, read back after each replay; then a plain cached dispatch runs after them.
-import { MOE_BUFFER, combineInput, moeInput } from '../moe-inputs.mjs';
+import { MOE_BUFFER, combineInput, moeInput, deviceMoeInput } from '../moe-inputs.mjs';
 
 const host = (t) => t.toHost().data;
 
 export default async function (rank, { seed, tokens, replays }) {
   const T = tokens[rank.rank];
-  const { hidden, topk } = MOE_BUFFER;
+  const { hidden } = MOE_BUFFER;
   const inp = moeInput(seed, rank.rank, T);
-  const x = rank.tensor('bf16', [T, hidden], inp.x);
-  const topkIdx = rank.tensor('int32', [T, topk], inp.topkIdx);
-  const topkWeights = rank.tensor('fp32', [T, topk], inp.topkWeights);
+  const { x, topkIdx, topkWeights } = deviceMoeInput(rank, inp, T);
   const d = await rank.dispatch({ x, topkIdx, topkWeights });
   const R = d.numRecv;
   const x2 = rank.tensor('bf16', [T, hidden], moeInput(seed + 1, rank.rank, T).x);

@@ -1,14 +1,12 @@
 // Rank program of test/gpu/moe.test.mjs: two dispatches A and B; then rank 0 replays A's handle while
 // the others replay B's. The kernels see the layouts' fingerprints differ and refuse the rows: each
 // rank reports what it got (EINVAL naming inputs.handle), on the dispatch or at the next sync.
-import { MOE_BUFFER, moeInput } from '../moe-inputs.mjs';
+import { moeInput, deviceMoeInput } from '../moe-inputs.mjs';
 
 export default async function (rank, { seed, tokens }) {
   const T = tokens[rank.rank];
-  const { hidden, topk } = MOE_BUFFER;
   const make = (s) => {
-    const i = moeInput(s, rank.rank, T);
-    return { x: rank.tensor('bf16', [T, hidden], i.x), topkIdx: rank.tensor('int32', [T, topk], i.topkIdx), topkWeights: rank.tensor('fp32', [T, topk], i.topkWeights) };
+    return deviceMoeInput(rank, moeInput(s, rank.rank, T), T);
   };
   const a = make(seed), b = make(seed + 100);
   const da = await rank.dispatch(a);
