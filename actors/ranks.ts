@@ -172,10 +172,7 @@ export class Ranks {
     this.events.emit('failed', { rank, error });
     if (!origin || this.stopping) return;
     const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
-    this.members.forEach((m, r) => {
-      const peer = this.handles[r]!;
-      if (r !== local && !peer.exited && peer.state !== 'destroyed') this.tellPeerFailed(m, rank, info);
-    });
+    this.tellPeers(rank, info, local);
     this.announce({ rank, message: info.message, ...(error.phase !== undefined ? { phase: error.phase } : {}) });
   }
 
@@ -187,9 +184,14 @@ export class Ranks {
     if (this.stopping) return;  // the ranks are going: their proxies may be released already
     this.events.emit('failed', { rank, error });
     const info: FailureInfo = { code: 'RANK_FAILED', message: error.message, rank, ...(error.phase !== undefined ? { phase: error.phase } : {}) };
+    this.tellPeers(rank, info, -1, lost);
+  }
+
+  /** Tells every local rank still running (but `except`; with `evenDestroyed`, destroyed ones too) that `failed` failed. */
+  private tellPeers(failed: number, info: FailureInfo, except: number, evenDestroyed = false): void {
     this.members.forEach((m, r) => {
       const peer = this.handles[r]!;
-      if (!peer.exited && (lost || peer.state !== 'destroyed')) this.tellPeerFailed(m, rank, info);
+      if (r !== except && !peer.exited && (evenDestroyed || peer.state !== 'destroyed')) this.tellPeerFailed(m, failed, info);
     });
   }
 

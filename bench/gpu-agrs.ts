@@ -27,7 +27,7 @@ import { commit, command, machine } from './provenance.js';
 const { values: flags } = parseArgs({
   options: {
     out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
-    commit: { type: 'string', default: process.env.RANKFLOW_COMMIT ?? '' },
+    commit: { type: 'string', default: '' },  // else RANKFLOW_COMMIT, else git (provenance.ts)
     world: { type: 'boolean', default: false },
     child: { type: 'string' },
     rendezvous: { type: 'string' },
