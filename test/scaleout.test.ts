@@ -147,11 +147,16 @@ describe.each(layouts)('a world of %s on simulated nodes', (_, l) => {
 describe('a process of a world on simulated nodes that is killed', () => {
   it('fails every other rank with RANK_FAILED naming its rank, long before any timeout, and the groups still tear down', async () => {
     // 2 nodes x 2 ranks, a process per rank; rank 3 (node 1) dies between two rounds of dispatch +
-    // combine, while the others are in the next one. Timeouts are 60 s: only failure detection can
-    // end their waits in time: the rail connection's close (rank 3's rail peer, rank 1), the
-    // rendezvous' loss report (everyone).
+    // combine, once the others have started the next one (had it died as soon as its own round 2
+    // returned, a peer still finishing round 2 would fail there). Timeouts are 60 s: only failure
+    // detection can end their waits in time: the rail connection's close (rank 3's rail peer, rank 1),
+    // the rendezvous' loss report (everyone).
     const procs = await world({ nodes: 2, perNode: 2, procsPerNode: 2 }, { mode: 'loop', gpuSeconds: 60, cpuSeconds: 60 }, { rank: 3, round: 3 });
     await Promise.all(procs.map((c) => c.next('ready', 60_000)));
+    await Promise.all(procs.slice(0, 3).map(async (c) => {
+      while ((await c.next('round', 30_000)).round !== 3);
+    }));
+    procs[3]!.send({ kind: 'die' });
     expect(await procs[3]!.exited).toBe('SIGKILL');
     for (const c of procs.slice(0, 3)) {
       const m = await c.next('failed', 30_000);
