@@ -206,11 +206,17 @@ describe('fd passing in one process', () => {
     const before = openFds();
     const t0 = Date.now();
     const socketPath = socketName();
-    await expect(addon.fdFetch(socketPath, 300)).rejects.toMatchObject({
+    const e = await addon.fdFetch(socketPath, 300).then(() => null, (err: { code: string; message: string }) => err);
+    expect(e).toMatchObject({
       code: 'TIMEOUT_CPU',
       message: expect.stringMatching(new RegExp(`^fdFetch\\(${socketPath}\\): no server after \\d+ ms \\(\\d+ attempts, last connect: Connection refused\\)`)),
     });
-    expect(Date.now() - t0).toBeLessThan(300 + 200);
+    // The native clock says when it gave up; the wall clock here also holds this process's event-loop
+    // delays, which a loaded CI machine stretches, so it only bounds a hang.
+    const gaveUp = Number(/after (\d+) ms/.exec(e!.message)![1]);
+    expect(gaveUp).toBeGreaterThanOrEqual(300);
+    expect(gaveUp).toBeLessThan(300 + 200);
+    expect(Date.now() - t0).toBeLessThan(300 + 2000);
     expect([...openFds()].filter((fd) => !before.has(fd))).toEqual([]);
   });
 
