@@ -130,6 +130,12 @@ describe('rankflow doctor', () => {
         expect(typeof report.cuda.available).toBe('boolean');
         expect(Array.isArray(report.cuda.gpus)).toBe(true);
         if (!report.cuda.available) expect(typeof report.cuda.unavailable.reason).toBe('string');
+        // Which transport crosses nodes, per backend; cuda's says whether the NCCL found has its calls.
+        expect(report.scaleOut.host.transport).toMatch(/^TCP between rail peers/);
+        expect(report.scaleOut.cuda).toMatchObject({ transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv between rail peers/), enabled: false });
+        expect(report.scaleOut.cuda.why).toMatch(/backend 'cuda' cannot run across nodes yet/);
+        if (report.nccl?.unavailable) expect(report.scaleOut.cuda).toMatchObject({ available: false, unavailable: `no NCCL: ${report.nccl.unavailable.reason}` });
+        else expect(report.scaleOut.cuda.available).toBe(typeof report.nccl?.version === 'string');
     });
 
     test('as text: each library tried on its own line, its path once, no probe internals', async () => {
@@ -138,7 +144,8 @@ describe('rankflow doctor', () => {
         const lines = text.stdout.trimEnd().split('\n');
         expect(lines[0]).toBe(`rankflow ${VERSION} (node ${process.version}, ${process.platform} ${process.arch})`);
         expect(lines.slice(1).map((line) => /^(\S+)/.exec(line)?.[1]).filter(Boolean).every((label) =>
-            ['addon', 'kernels', 'driver', 'GPUs', 'GPU', 'NCCL', 'cuda', 'auto'].includes(label!))).toBe(true);
+            ['addon', 'kernels', 'driver', 'GPUs', 'GPU', 'NCCL', 'cuda', 'scaleout', 'auto'].includes(label!))).toBe(true);
+        expect(lines.filter((line) => /^(scaleout +host: TCP between rail peers| +cuda: grouped ncclSend\/ncclRecv)/.test(line))).toHaveLength(2);
         expect(text.stdout).not.toMatch(/groups:|\{"|\(\s*[^()]*\(/);
         const report = JSON.parse(json.stdout) as { cuda: { unavailable?: { tried: Array<{ path: string }> } }; nccl?: { unavailable?: { tried: Array<{ path: string }> } } };
         const tried = [...(report.cuda.unavailable?.tried ?? []), ...(report.nccl?.unavailable?.tried ?? [])].map((t) => t.path);

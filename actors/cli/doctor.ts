@@ -9,6 +9,7 @@ import { loadAddon } from '../core/addon.js';
 import { probeCuda, resolveBackend, type CudaProbe } from '../core/backend.js';
 import { config } from '../core/config.js';
 import { debug } from '../observe/debug.js';
+import { scaleOutProblem } from '../world/topology.js';
 import type { Command } from './command.js';
 import { packageVersion } from './version.js';
 
@@ -36,8 +37,40 @@ export interface DoctorReport {
         gpus: Array<Record<string, unknown>>;
     };
     nccl?: { path?: string; version?: string; origin?: string; unavailable?: LoadFailure };
+    /** What carries the bytes between nodes of a world that spans them (world.nodeId), per backend. */
+    scaleOut: {
+        host: { transport: string };
+        cuda: {
+            transport: string;
+            /** Whether the NCCL found has the calls the transport needs (false without NCCL). */
+            available: boolean;
+            unavailable?: string;
+            /** Whether createGroup runs cuda worlds that span nodes; when not, `why`. */
+            enabled: boolean;
+            why?: string;
+        };
+    };
     /** What `backend: 'auto'` resolves to here, or null with the reason. */
     auto: { backend: 'host' | 'cuda' | null; error?: string };
+}
+
+const HOST_SCALE_OUT = 'TCP between rail peers (the rendezvous connects them; world.nodeId marks simulated nodes)';
+const CUDA_SCALE_OUT = "grouped ncclSend/ncclRecv between rail peers on the rank's stream (not NCCL's GIN device API)";
+
+/** The cuda scale-out leg as the probe saw NCCL, and whether createGroup runs it (actors/world/topology.ts). */
+function cudaScaleOut(nccl: Record<string, unknown> | undefined): DoctorReport['scaleOut']['cuda'] {
+    const problem = scaleOutProblem({ count: 2, ranksPerNode: 1, ofProcess: [0, 1] }, 'cuda');
+    const available = nccl?.p2p === true;
+    const unavailable = nccl === undefined ? 'no NCCL probe (this build has no CUDA backend)'
+        : typeof nccl.reason === 'string' ? `no NCCL: ${parseLoadFailure(nccl.reason).reason}`
+            : typeof nccl.p2pReason === 'string' ? nccl.p2pReason : undefined;
+    return {
+        transport: CUDA_SCALE_OUT,
+        available,
+        ...(!available && unavailable !== undefined ? { unavailable } : {}),
+        enabled: problem === undefined,
+        ...(problem !== undefined ? { why: problem.message } : {})
+    };
 }
 
 /**
@@ -73,6 +106,7 @@ export function doctorReport(): DoctorReport {
         platform: `${process.platform} ${process.arch}`,
         addon: { path: config.addonPath, loaded: false },
         cuda: { available: false, gpus: [] },
+        scaleOut: { host: { transport: HOST_SCALE_OUT }, cuda: cudaScaleOut(undefined) },
         auto: { backend: null }
     };
     try {
@@ -94,6 +128,7 @@ export function doctorReport(): DoctorReport {
     }
     if (Array.isArray(probe.gpus)) report.cuda.gpus = probe.gpus as Array<Record<string, unknown>>;
     const nccl = probe.nccl as { path?: string; version?: string; origin?: string; reason?: string } | undefined;
+    report.scaleOut.cuda = cudaScaleOut(probe.nccl as Record<string, unknown> | undefined);
     if (nccl) {
         report.nccl = {
             ...(nccl.path !== undefined ? { path: nccl.path } : {}),
@@ -140,6 +175,10 @@ export function formatDoctorReport(report: DoctorReport): string[] {
     else if (report.nccl) row('NCCL', `${report.nccl.path ?? '?'}, version ${report.nccl.version ?? '?'}${report.nccl.origin ? ` (${report.nccl.origin})` : ''}`);
     if (report.cuda.driver && report.cuda.unavailable) failure('cuda', report.cuda.unavailable);
     else row('cuda', report.cuda.available ? 'usable' : 'not usable: see driver above');
+    row('scaleout', `host: ${report.scaleOut.host.transport}`);
+    const cuda = report.scaleOut.cuda;
+    more(`cuda: ${cuda.transport}${cuda.available ? ', which the NCCL found has' : `: ${cuda.unavailable ?? 'unavailable'}`}`);
+    if (!cuda.enabled) more('      not enabled: createGroup refuses cuda worlds that span nodes (BACKEND_UNAVAILABLE)');
     row('auto', report.auto.backend ? `picks '${report.auto.backend}'` : `picks nothing: ${report.auto.error ?? 'unknown'}`);
     return lines;
 }
@@ -148,7 +187,7 @@ export const doctorCommand: Command = {
     name: 'doctor',
     summary: "what this machine has: GPUs, driver, NCCL, kernels, what 'auto' picks",
     usage: 'usage: rankflow doctor [--json]',
-    details: '  --json              one JSON object on stdout instead of text (fields: rankflow, node, addon, kernels, cuda, nccl, auto)',
+    details: '  --json              one JSON object on stdout instead of text (fields: rankflow, node, addon, kernels, cuda, nccl, scaleOut, auto)',
     options: { json: { type: 'boolean' } },
     async run(values, context) {
         const report = doctorReport();

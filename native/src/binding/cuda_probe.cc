@@ -10,6 +10,7 @@
 #include "backends/cuda/driver.hpp"
 #include "backends/cuda/kernel_images.hpp"
 #include "backends/cuda/nccl.hpp"
+#include "backends/cuda/scaleout.hpp"
 #include "marshal.hpp"
 #include "runtime/backend.hpp"
 
@@ -65,6 +66,14 @@ Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
       n.Set("path", nc.library);
       n.Set("version", cuda::nccl_version_string(nc.version));
       n.Set("origin", nc.origin);
+      // The cuda scale-out leg's calls (backends/cuda/scaleout.hpp): grouped ncclSend / ncclRecv.
+      try {
+        cuda::nccl_p2p();
+        n.Set("p2p", true);
+      } catch (const std::exception& e) {
+        n.Set("p2p", false);
+        n.Set("p2pReason", e.what());
+      }
     } else {
       n.Set("reason", why);
     }
