@@ -46,6 +46,14 @@ struct TwoLevelState {
   std::vector<RailTokens> rail;        // [node]
   std::vector<std::string> refused;    // [node]: why that source's records are refused ("" = accepted)
 };
+// A combine's inputs as host pointers: the rows, their weights (the dispatch's where none are given)
+// and the biases (null where absent).
+struct CombineSources {
+  const uint16_t* x;
+  const float* weights;
+  const uint16_t* bias[2];
+};
+
 struct HostLayout final : LayoutState {
   std::shared_ptr<const Routing> routing;
   std::unique_ptr<TwoLevelState> two;        // two-level dispatches only
@@ -133,7 +141,7 @@ class HostBackend final : public Backend {
   void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in, const std::vector<int64_t>& expert_counts);
   void exchange_records(uint64_t seq, Phase phase, DispatchLayout& l, const DispatchInput& in, bool forward_counts);
   void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
-  void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out);
+  void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineSources& in, const CombineOutput& out);
 
   Context& c_;
   HostSymmetricMemory mem_;

@@ -211,14 +211,16 @@ void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
   const auto& cfg = c_.cfg.ep;
   const int64_t K = cfg.topk, H = cfg.hidden, maxT = cfg.max_tokens_per_rank;
   const int W = world();
-  const auto* x = reinterpret_cast<const uint16_t*>(host_ptr(in.x, "x"));
-  const float* weights = in.topk_weights ? reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"))
-                                         : st.recv_topk_weights.data();
-  const uint16_t* bias[2] = {nullptr, nullptr};
+  CombineSources src{reinterpret_cast<const uint16_t*>(host_ptr(in.x, "x")),
+                     in.topk_weights ? reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights")) : st.recv_topk_weights.data(),
+                     {nullptr, nullptr}};
   for (int k = 0; k < 2; ++k)
-    if (in.bias[k]) bias[k] = reinterpret_cast<const uint16_t*>(host_ptr(in.bias[k], "bias"));
+    if (in.bias[k]) src.bias[k] = reinterpret_cast<const uint16_t*>(host_ptr(in.bias[k], "bias"));
   RF_CHECK(!out.x.device, "EINVAL", "combine outputs: device tensors need backend 'cuda'");
-  if (two_level()) return two_level_combine(seq, l, in, out);
+  if (two_level()) return two_level_combine(seq, l, src, out);
+  const uint16_t* x = src.x;
+  const float* weights = src.weights;
+  const auto& bias = src.bias;
   auto* out_x = out.x.as<uint16_t>();
   auto* out_w = out.topk_weights.as<float>();
   announce(seq, l.fingerprint);

@@ -39,7 +39,7 @@ int highest(uint64_t mask) { return mask == 0 ? -1 : 63 - __builtin_clzll(mask);
 
 }  // namespace
 
-void HostBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
+void HostBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineSources& in, const CombineOutput& out) {
   const HostLayout& st = state_of(l);
   RF_CHECK(st.two != nullptr, "STATE", "combine: this handle's dispatch did not run in two levels");
   const TwoLevelState& two = *st.two;
@@ -47,13 +47,9 @@ void HostBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const Combi
   const auto& cfg = c_.cfg.ep;
   const int64_t K = cfg.topk, H = cfg.hidden, maxT = cfg.max_tokens_per_rank, Z = H + K, R = nd.ranks_per_node;
   const int N = nd.num_nodes, n = nd.node;
-  const auto* x = reinterpret_cast<const uint16_t*>(host_ptr(in.x, "x"));
-  const float* weights = in.topk_weights ? reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"))
-                                         : st.recv_topk_weights.data();
-  const uint16_t* bias[2] = {nullptr, nullptr};
-  for (int k = 0; k < 2; ++k)
-    if (in.bias[k]) bias[k] = reinterpret_cast<const uint16_t*>(host_ptr(in.bias[k], "bias"));
-  RF_CHECK(!out.x.device, "EINVAL", "combine outputs: device tensors need backend 'cuda'");
+  const uint16_t* x = in.x;
+  const float* weights = in.weights;
+  const auto& bias = in.bias;
   announce_locals(seq, l.fingerprint);
   std::string refused;
   int refused_rank = -1;
