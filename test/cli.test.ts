@@ -10,6 +10,7 @@ import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, test } from 'vitest';
+import { cudaScaleOut } from '../actors/cli/doctor.js';
 import { probeCuda } from '../actors/core/backend.js';
 import { ensureCompiled, freePort, repoRoot } from './helpers/children.js';
 
@@ -136,6 +137,18 @@ describe('rankflow doctor', () => {
         expect(report.scaleOut.cuda.why).toMatch(/backend 'cuda' cannot run across nodes yet/);
         if (report.nccl?.unavailable) expect(report.scaleOut.cuda).toMatchObject({ available: false, unavailable: `no NCCL: ${report.nccl.unavailable.reason}` });
         else expect(report.scaleOut.cuda.available).toBe(typeof report.nccl?.version === 'string');
+    });
+
+    test("cuda's scale-out entry from each NCCL probe: found with both calls, found without them, not found", () => {
+        const why = /backend 'cuda' cannot run across nodes yet/;
+        expect(cudaScaleOut({ path: '/x/libnccl.so.2', version: '2.28.3', p2p: true })).toEqual({
+            transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv/), available: true, enabled: false, why: expect.stringMatching(why)
+        });
+        expect(cudaScaleOut({ path: '/x/libnccl.so.2', version: '2.28.3', p2p: false, p2pReason: 'NCCL at /x/libnccl.so.2 has no ncclSend/ncclRecv' }))
+            .toMatchObject({ available: false, unavailable: 'NCCL at /x/libnccl.so.2 has no ncclSend/ncclRecv' });
+        expect(cudaScaleOut({ reason: 'no usable NCCL >= 2.28 was found (tried:\n  libnccl.so.2: libnccl.so.2: nope). Install it.' }))
+            .toMatchObject({ available: false, unavailable: 'no NCCL: no usable NCCL >= 2.28 was found' });
+        expect(cudaScaleOut(undefined)).toMatchObject({ available: false, unavailable: expect.stringMatching(/no CUDA backend/) });
     });
 
     test('as text: each library tried on its own line, its path once, no probe internals', async () => {

@@ -57,11 +57,11 @@ export interface DoctorReport {
 const HOST_SCALE_OUT = 'TCP between rail peers (the rendezvous connects them; world.nodeId marks simulated nodes)';
 const CUDA_SCALE_OUT = "grouped ncclSend/ncclRecv between rail peers on the rank's stream (not NCCL's GIN device API)";
 
-/** The cuda scale-out leg as the probe saw NCCL, and whether createGroup runs it (actors/world/topology.ts). */
-function cudaScaleOut(nccl: Record<string, unknown> | undefined): DoctorReport['scaleOut']['cuda'] {
+/** The cuda scale-out leg as the probe saw NCCL (its `nccl` object), and whether createGroup runs it (actors/world/topology.ts). */
+export function cudaScaleOut(nccl: Record<string, unknown> | undefined, notProbed = 'no NCCL probe: this build has no CUDA backend'): DoctorReport['scaleOut']['cuda'] {
     const problem = scaleOutProblem({ count: 2, ranksPerNode: 1, ofProcess: [0, 1] }, 'cuda');
     const available = nccl?.p2p === true;
-    const unavailable = nccl === undefined ? 'no NCCL probe (this build has no CUDA backend)'
+    const unavailable = nccl === undefined ? notProbed
         : typeof nccl.reason === 'string' ? `no NCCL: ${parseLoadFailure(nccl.reason).reason}`
             : typeof nccl.p2pReason === 'string' ? nccl.p2pReason : undefined;
     return {
@@ -106,7 +106,7 @@ export function doctorReport(): DoctorReport {
         platform: `${process.platform} ${process.arch}`,
         addon: { path: config.addonPath, loaded: false },
         cuda: { available: false, gpus: [] },
-        scaleOut: { host: { transport: HOST_SCALE_OUT }, cuda: cudaScaleOut(undefined) },
+        scaleOut: { host: { transport: HOST_SCALE_OUT }, cuda: cudaScaleOut(undefined, 'not probed: the addon did not load') },
         auto: { backend: null }
     };
     try {
@@ -177,7 +177,7 @@ export function formatDoctorReport(report: DoctorReport): string[] {
     else row('cuda', report.cuda.available ? 'usable' : 'not usable: see driver above');
     row('scaleout', `host: ${report.scaleOut.host.transport}`);
     const cuda = report.scaleOut.cuda;
-    more(`cuda: ${cuda.transport}${cuda.available ? ', which the NCCL found has' : `: ${cuda.unavailable ?? 'unavailable'}`}`);
+    more(`cuda: ${cuda.transport}${cuda.available ? ': the NCCL found has both calls' : `: ${cuda.unavailable ?? 'unavailable'}`}`);
     if (!cuda.enabled) more('      not enabled: createGroup refuses cuda worlds that span nodes (BACKEND_UNAVAILABLE)');
     row('auto', report.auto.backend ? `picks '${report.auto.backend}'` : `picks nothing: ${report.auto.error ?? 'unknown'}`);
     return lines;
