@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -29,6 +30,14 @@ struct Error : std::runtime_error {
 inline std::string seconds_text(double s) {
   char b[32];
   snprintf(b, sizeof b, "%g", s);
+  return b;
+}
+
+// A 64-bit word in messages: counter values as all 16 hex digits ("0x000000000000002a"), addresses
+// and handles without leading zeros (padded = false: "0x7f3a00000000").
+inline std::string hex_text(uint64_t v, bool padded = true) {
+  char b[32];
+  snprintf(b, sizeof b, padded ? "0x%016llx" : "0x%llx", static_cast<unsigned long long>(v));
   return b;
 }
 

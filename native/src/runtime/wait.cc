@@ -46,13 +46,11 @@ Error abort_error(const WaitRules& r, const WaitSite& site) {
 }
 
 Error timeout_error(const WaitRules& r, const WaitSite& site, WaitKind kind, uint64_t last) {
-  char value[32];
-  snprintf(value, sizeof value, "0x%016llx", static_cast<unsigned long long>(last));
   const bool cpu = kind == WaitKind::Cpu;
   return Error(cpu ? "TIMEOUT_CPU" : "TIMEOUT_GPU",
                std::string(cpu ? "CPU-sync wait" : "device-phase wait") + " of rank " + std::to_string(r.rank) + " in " +
                    phase_name(site.phase) + " timed out after " + seconds_text(cpu ? r.cpu_timeout_s : r.gpu_timeout_s) +
-                   " s on counter " + counter_text(site) + " (last value " + value + ")",
+                   " s on counter " + counter_text(site) + " (last value " + hex_text(last) + ")",
                site.peer, phase_name(site.phase));
 }
 

@@ -11,14 +11,6 @@
 
 namespace rankflow::cuda {
 
-namespace {
-std::string hex(uint64_t v) {
-  char s[32];
-  snprintf(s, sizeof s, "0x%llx", static_cast<unsigned long long>(v));
-  return s;
-}
-}  // namespace
-
 uint64_t CudaBackend::stream_handle() {
   check_alive("cudaStream");
   return uint64_t(reinterpret_cast<uintptr_t>(stream_));
@@ -38,7 +30,7 @@ void CudaBackend::wait_event(uint64_t event) {
   const CUresult r = driver().cuStreamWaitEvent(stream_, reinterpret_cast<CUevent>(uintptr_t(event)), 0);
   // A handle CUDA does not know is the caller's mistake, not the rank's failure.
   if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE)
-    throw Error("EINVAL", "waitEvent: " + hex(event) + " is not a live CUevent (" + error_name(r) + ")");
+    throw Error("EINVAL", "waitEvent: " + hex_text(event, false) + " is not a live CUevent (" + error_name(r) + ")");
   translating(rank(), [&] { check(r, "cuStreamWaitEvent"); });
 }
 
@@ -48,9 +40,9 @@ void CudaBackend::check_device_memory(uint64_t ptr, int64_t bytes) {
   // Both ends: an allocation made of several mappings (cuMemMap, caching allocators) has no one
   // range to compare with, and every kernel that reads the tensor touches both ends.
   const uint64_t last = ptr + uint64_t(bytes > 0 ? bytes - 1 : 0);
-  RF_CHECK(ptr != 0 && last >= ptr, "EINVAL", "wrapDevice: ptr " + hex(ptr) + " with " + std::to_string(bytes) + " bytes is not an address range");
+  RF_CHECK(ptr != 0 && last >= ptr, "EINVAL", "wrapDevice: ptr " + hex_text(ptr, false) + " with " + std::to_string(bytes) + " bytes is not an address range");
   for (const uint64_t at : {ptr, last}) {
-    const std::string where = at == ptr ? "ptr " + hex(ptr) : "its last byte " + hex(at);
+    const std::string where = at == ptr ? "ptr " + hex_text(ptr, false) : "its last byte " + hex_text(at, false);
     unsigned int type = 0;
     CUresult r = d.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CUdeviceptr(at));
     RF_CHECK(r == CUDA_SUCCESS, "EINVAL",

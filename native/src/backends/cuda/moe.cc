@@ -20,11 +20,6 @@ namespace rankflow::cuda {
 namespace {
 CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
 void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(uintptr_t(p)); }
-std::string hex(uint64_t v) {
-  char s[32];
-  snprintf(s, sizeof s, "0x%016llx", static_cast<unsigned long long>(v));
-  return s;
-}
 }  // namespace
 
 kargs::MoeShape CudaBackend::moe_shape() const {
@@ -158,7 +153,7 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
       throw Error("TIMEOUT_CPU",
                   "CPU-sync wait of rank " + std::to_string(rank()) + " in " + phase_name(kPhaseNotify) + " timed out after " +
                       seconds_text(c_.cfg.cpu_timeout_s) + " s on counter " + counter + "[from rank " +
-                      std::to_string(peer) + "] (last value " + hex(last) + ")",
+                      std::to_string(peer) + "] (last value " + hex_text(last) + ")",
                   peer, phase_name(kPhaseNotify));
     }
     if (aborted || finished) {

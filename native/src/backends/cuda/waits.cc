@@ -11,14 +11,6 @@
 
 namespace rankflow::cuda {
 
-namespace {
-std::string hex(uint64_t v) {
-  char s[32];
-  snprintf(s, sizeof s, "0x%016llx", static_cast<unsigned long long>(v));
-  return s;
-}
-}  // namespace
-
 void CudaBackend::check_alive(const char* op) const {
   if (dead_)
     throw Error("RANK_FAILED",
@@ -129,7 +121,7 @@ void CudaBackend::check_gave_up() {
                 "device-phase wait of rank " + std::to_string(rank()) + " in " + phase_name(phase) + " timed out after " +
                     seconds_text(c_.cfg.gpu_timeout_s) + " s on counter " +
                     (phase == kPhaseBarrier ? "barrier" : phase == kPhaseEnter ? "enter" : "done") + "[from rank " +
-                    std::to_string(peer) + "] (last value " + hex(k->diag.value) +
+                    std::to_string(peer) + "] (last value " + hex_text(k->diag.value) +
                     "); the kernels gave up, so rank " + std::to_string(rank()) +
                     "'s protocol state is gone, but its GPU stays usable: destroy the group (a new one works)",
                 peer, phase_name(phase));
