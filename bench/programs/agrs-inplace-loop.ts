@@ -94,7 +94,7 @@ async function gatherCuda(rank: RankProgramHandle<'cuda'>, bytes: number, ops: n
       t.upload(host);
       return t;
     });
-    // The uploads (pageable: synchronous, ~ms each at 16 MiB) end at different times on the ranks: a
+    // The uploads (staged through pinned memory by the CPU: ~ms each at 16 MiB) end at different times on the ranks: a
     // small gather lines them up first, or the earlier rank's timed ops would wait for the later one.
     (await s.allGather(line)).free();
     const hs: Array<{ wait(): Promise<unknown> }> = [];

@@ -6,7 +6,8 @@
 // at the start of its region (the reduce kernel reads every part of element i, then writes part 0's).
 // A fetch copies its ids into a block of the rank's pool (stream-ordered: no device-wide
 // synchronisation, which pinned allocations would bring, and with ranks sharing a GPU could deadlock
-// a peer's waiting kernel); being a pageable copy, issuing may wait for the rank's earlier stream work.
+// a peer's waiting kernel) through the rank's pinned staging (from_host): issuing waits for the rank's
+// earlier stream work only where ids of more than one staging half are still queued.
 #include "backend.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
@@ -35,7 +36,7 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
       const bool in_place = op.in.device && dev(op.in.ptr) == slot;
       if (!in_place && op.bytes > 0) {
         if (op.in.device) RF_CU(cuMemcpyAsync, slot, dev(op.in.ptr), size_t(op.bytes), stream_);
-        else RF_CU(cuMemcpyHtoDAsync, slot, op.in.ptr, size_t(op.bytes), stream_);
+        else from_host(slot, op.in.ptr, op.bytes);
       }
       put(rank_args(op.seq), slot, 0, op.bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
     } else {
@@ -45,7 +46,7 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
         const CUdeviceptr stage = staging(chunk * W);
         if (chunk > 0) {
           if (op.in.device) RF_CU(cuMemcpyAsync, stage, src, size_t(chunk * W), stream_);
-          else RF_CU(cuMemcpyHtoDAsync, stage, op.in.ptr, size_t(chunk * W), stream_);
+          else from_host(stage, op.in.ptr, chunk * W);
         }
         src = stage;
       }
@@ -88,7 +89,7 @@ void CudaBackend::engram_fetch_issue(FetchOp& op) {
       f.row_bytes = op.row_bytes;
       f.out = op.out.as<uint8_t>();
       try {
-        RF_CU(cuMemcpyHtoDAsync, ids, op.ids.data(), size_t(n * 4), stream_);
+        from_host(ids, op.ids.data(), n * 4);
         launch_->engram_fetch(stream_, f);
       } catch (...) {
         pool_.free(ids);

@@ -18,6 +18,7 @@ namespace cuda {
 
 namespace {
 constexpr uintptr_t kPage = 4096;
+constexpr int64_t kPinnedStagingBytes = int64_t(8) << 20;  // two 4 MiB halves
 }  // namespace
 
 CudaBackend::CudaBackend(Context& c) : c_(c) {
@@ -51,6 +52,8 @@ void CudaBackend::create() {
   ctl_dev_ = host_.device();
   counts_host_ = host_.host_at<uint64_t>(int64_t(sizeof(Control)));
   counts_dev_ = host_.device_at(int64_t(sizeof(Control)));
+  pinned_.create(kPinnedStagingBytes);
+  for (CUevent& e : pinned_done_) RF_CU(cuEventCreate, &e, CU_EVENT_DISABLE_TIMING);
   // The abort words' page, mapped into the GPU so that waiting kernels see an abort at once; where
   // that cannot be, the CPU copies the words into the Control block when it notices them.
   abort_dev_ = reinterpret_cast<const int32_t*>(ctl_dev_ + offsetof(Control, abort_mirror));
@@ -68,7 +71,7 @@ void CudaBackend::create() {
   peers_ = scratch_;
   arrivals_ = scratch_ + CUdeviceptr(table_bytes);
   epoch_ = arrivals_ + 64;
-  RF_CU(cuMemcpyHtoDAsync, peers_, table.data(), table.size() * sizeof(uint64_t), stream_);
+  from_host(peers_, table.data(), int64_t(table.size() * sizeof(uint64_t)));
   RF_CU(cuMemsetD8Async, arrivals_, 0, 256, stream_);
   // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
   RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
@@ -89,7 +92,7 @@ void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint6
       std::vector<uint64_t> seg(static_cast<size_t>(world()));
       for (int p = 0; p < world(); ++p) seg[size_t(p)] = uint64_t(mem_.host_segment(p));
       segments_ = pool_.alloc(int64_t(seg.size() * sizeof(uint64_t)), "the host segments' table");
-      RF_CU(cuMemcpyHtoDAsync, segments_, seg.data(), seg.size() * sizeof(uint64_t), stream_);
+      from_host(segments_, seg.data(), int64_t(seg.size() * sizeof(uint64_t)));
     }
     if (comm_ != nullptr)  // collective: every rank registers its device segment at the same time
       RF_NCCL(ncclCommWindowRegister, comm_, reinterpret_cast<void*>(mem_.window()), size_t(mem_.device_bytes()),
@@ -195,19 +198,20 @@ void CudaBackend::destroy() noexcept {
   modules_.reset();
   if (d != nullptr) {
     if (busy_stream_ != nullptr) d->cuStreamSynchronize(busy_stream_), d->cuStreamDestroy(busy_stream_);
-    for (CUevent* e : {&op_start_, &op_end_})
+    for (CUevent* e : {&op_start_, &op_end_, &pinned_done_[0], &pinned_done_[1]})
       if (*e != nullptr) d->cuEventDestroy(*e);
     pool_.destroy();  // scratch, segments and staging too
     if (stream_ != nullptr) d->cuStreamDestroy(stream_);
     if (registered_ != nullptr) d->cuMemHostUnregister(registered_);
   }
   busy_stream_ = nullptr;
-  op_start_ = op_end_ = nullptr;
+  op_start_ = op_end_ = pinned_done_[0] = pinned_done_[1] = nullptr;
   stream_ = nullptr;
   scratch_ = segments_ = stage_ = 0;
   registered_ = nullptr;
   stage_bytes_ = 0;
   host_.destroy();
+  pinned_.destroy();
   ctl_ = nullptr;
   mem_.destroy();
   dev_.reset();  // releases the primary context

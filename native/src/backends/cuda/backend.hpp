@@ -154,6 +154,8 @@ class CudaBackend final : public Backend {
   // Driver-mode staging of host tensors (grown on demand; every driver-mode op waits before it returns).
   CUdeviceptr staging(int64_t bytes);
   Mem stage_in(Mem m, int64_t bytes, int64_t at);
+  // Every copy from host memory (memory.cc): through the rank's pinned staging, in stream order.
+  void from_host(CUdeviceptr dst, const void* src, int64_t bytes);
   // An AGRS put: peer pointers below ce_min_bytes per destination, copy engines from there on.
   void put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
            kargs::Ring ring, bool enter, Phase phase);
@@ -169,6 +171,9 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Launcher> launch_;
   CUstream stream_ = nullptr;
   HostWorkspace host_;                 // Control, then the dispatch counts' mirror
+  HostWorkspace pinned_;               // staging of copies from host memory: two halves (from_host)
+  CUevent pinned_done_[2] = {nullptr, nullptr};  // recorded after the copy out of each half
+  int pinned_next_ = 0;
   Control* ctl_ = nullptr;             // host address
   CUdeviceptr ctl_dev_ = 0, counts_dev_ = 0;
   uint64_t* counts_host_ = nullptr;

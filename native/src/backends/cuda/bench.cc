@@ -89,7 +89,7 @@ double CudaBackend::bench_agrs(const std::string& op, const std::string& engine,
         std::uniform_int_distribution<int32_t> pick(0, int32_t(c_.engram_entries * W - 1));
         std::vector<int32_t> ids(static_cast<size_t>(bytes));
         for (auto& id : ids) id = pick(gen);
-        RF_CU(cuMemcpyHtoDAsync, src, ids.data(), ids.size() * 4, stream_);
+        from_host(src, ids.data(), int64_t(ids.size() * 4));
       } else {
         RF_CU(cuMemsetD8Async, src, 0x3c, size_t(src_bytes), stream_);
       }

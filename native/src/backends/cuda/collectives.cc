@@ -46,7 +46,7 @@ void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
       src = mem_.window() + CUdeviceptr(staging_at);
       if (bytes > 0) {
         if (in.device) RF_CU(cuMemcpyAsync, src, dev(in.ptr), size_t(bytes), stream_);
-        else RF_CU(cuMemcpyHtoDAsync, src, in.ptr, size_t(bytes), stream_);
+        else from_host(src, in.ptr, bytes);
       }
       if (padded > bytes) RF_CU(cuMemsetD8Async, src + CUdeviceptr(bytes), 0, size_t(padded - bytes), stream_);
     }
@@ -146,7 +146,7 @@ void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
     // My part goes straight into my own slot of the region; from there to every peer's.
     if (bytes > 0) {
       if (in.device) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(mine), dev(in.ptr), size_t(bytes), stream_);
-      else RF_CU(cuMemcpyHtoDAsync, mem_.window() + CUdeviceptr(mine), in.ptr, size_t(bytes), stream_);
+      else from_host(mem_.window() + CUdeviceptr(mine), in.ptr, bytes);
     }
     put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false,
         kPhaseSessionGather);
@@ -171,7 +171,7 @@ void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
     if (!in.device || (src & 15) != 0) {
       if (chunk > 0) {
         if (in.device) RF_CU(cuMemcpyAsync, stage, src, size_t(chunk * W), stream_);
-        else RF_CU(cuMemcpyHtoDAsync, stage, in.ptr, size_t(chunk * W), stream_);
+        else from_host(stage, in.ptr, chunk * W);
       }
       src = stage;
     }
@@ -202,7 +202,7 @@ void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
     launch_->signal(stream_, s);
     if (bytes > 0) {
       if (table.device) RF_CU(cuMemcpyAsync, mem_.host_segment(rank()), dev(table.ptr), size_t(bytes), stream_);
-      else RF_CU(cuMemcpyHtoDAsync, mem_.host_segment(rank()), table.ptr, size_t(bytes), stream_);
+      else from_host(mem_.host_segment(rank()), table.ptr, bytes);
     }
     s.array = c_.ws.done;
     s.phase = kPhaseEngram;
@@ -218,7 +218,7 @@ void CudaBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_
     const CUdeviceptr stage = staging(ids_bytes + (out.device ? 0 : n * row_bytes));
     CUdeviceptr id = dev(ids.ptr);
     if (!ids.device) {
-      RF_CU(cuMemcpyHtoDAsync, stage, ids.ptr, size_t(n * 4), stream_);
+      from_host(stage, ids.ptr, n * 4);
       id = stage;
     }
     kargs::FetchArgs f;
@@ -243,7 +243,7 @@ void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
       const CUdeviceptr stage = staging(bytes);
       if (bytes > 0) {
         if (in.device) RF_CU(cuMemcpyAsync, stage, src, size_t(bytes), stream_);
-        else RF_CU(cuMemcpyHtoDAsync, stage, in.ptr, size_t(bytes), stream_);
+        else from_host(stage, in.ptr, bytes);
       }
       src = stage;
     }

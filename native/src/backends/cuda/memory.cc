@@ -1,6 +1,9 @@
 // Device memory and events of the CUDA backend (backend.hpp): driver mode's staging of host tensors,
 // rank programs' device tensors (the rank's pool), uploads and downloads on the rank's stream, CUDA
 // events and the device time of the last op.
+#include <algorithm>
+#include <cstring>
+
 #include "backend.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
@@ -25,8 +28,33 @@ CUdeviceptr CudaBackend::staging(int64_t bytes) {
 Mem CudaBackend::stage_in(Mem m, int64_t bytes, int64_t at) {
   if (!m || m.device) return m;
   const CUdeviceptr dst = stage_ + CUdeviceptr(at);
-  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyHtoDAsync, dst, m.ptr, size_t(bytes), stream_); });
+  translating(rank(), [&] { from_host(dst, m.ptr, bytes); });
   return Mem{reinterpret_cast<void*>(uintptr_t(dst)), true};
+}
+
+// From pageable memory the driver stages a copy in pinned buffers of its own, shared by every thread
+// of the process, and once they are taken a copy waits inside the driver for its stream's earlier work
+// to reach it. With ranks sharing a GPU that work can be a kernel waiting for a peer whose own copy
+// waits for those buffers: a deadlock until the GPU timeout (test/gpu/shared-gpu-copies.test.mjs).
+// So every copy from host memory goes through the rank's own pinned staging, in stream order: two
+// halves, each refilled once the copy out of it ran (its event, waited for in the runtime's wait loop,
+// where the peers go on). The caller's memory may change as soon as this returns.
+void CudaBackend::from_host(CUdeviceptr dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  RF_CHECK(!capturing_, "STATE",
+           "a copy from host memory inside rank.capture(): a graph replays device work only; upload before the capture");
+  const int64_t half = pinned_.bytes() / 2;
+  const auto* from = static_cast<const uint8_t*>(src);
+  for (int64_t at = 0; at < bytes; at += half) {
+    const int64_t n = std::min(half, bytes - at);
+    const int k = pinned_next_;
+    pinned_next_ ^= 1;
+    wait_event(pinned_done_[k], WaitSite{kPhaseNone, -1, "host staging"});  // never recorded: ready
+    uint8_t* stage = pinned_.host_at<uint8_t>(int64_t(k) * half);
+    std::memcpy(stage, from + at, size_t(n));
+    RF_CU(cuMemcpyHtoDAsync, dst + CUdeviceptr(at), stage, size_t(n), stream_);
+    RF_CU(cuEventRecord, pinned_done_[k], stream_);
+  }
 }
 
 uint64_t CudaBackend::device_alloc(int64_t bytes) {
@@ -45,8 +73,8 @@ void CudaBackend::device_free(uint64_t ptr) {
 
 void CudaBackend::upload(uint64_t dst, const void* src, int64_t bytes) {
   check_alive("tensor upload");
-  // On the rank's stream: kernels on it see the bytes (a pageable copy returns once staged).
-  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyHtoDAsync, CUdeviceptr(dst), src, size_t(bytes), stream_); });
+  // On the rank's stream: kernels on it see the bytes.
+  translating(rank(), [&] { from_host(CUdeviceptr(dst), src, bytes); });
 }
 
 void CudaBackend::download(void* dst, uint64_t src, int64_t bytes) {

@@ -70,7 +70,7 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
       // The handle keeps the topk it was made from: a cached dispatch without weights replays them.
       auto copy_in = [&](CUdeviceptr dst, Mem src) {
         if (src.device) RF_CU(cuMemcpyAsync, dst, dev(src.ptr), tk, stream_);
-        else RF_CU(cuMemcpyHtoDAsync, dst, src.ptr, tk, stream_);
+        else from_host(dst, src.ptr, int64_t(tk));
       };
       copy_in(st->idx, in.topk_idx);
       copy_in(st->weights, in.topk_weights);
