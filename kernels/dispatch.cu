@@ -27,7 +27,7 @@ constexpr int kNotifyThreads = 1024;
 constexpr int kUnroll = 8;  // 16-byte loads in flight per lane before the stores
 }  // namespace
 
-// Dynamic shared memory: num_tokens uint64 masks, then num_experts ints.
+// Dynamic shared memory: num_tokens uint64 masks, num_experts ints, num_experts bytes.
 extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(const NotifyArgs args) {
   extern __shared__ uint64_t smem[];
   __shared__ uint64_t peers[kMaxRanks];
@@ -46,8 +46,12 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   const uint64_t seq = op_seq(a);
   uint64_t* masks = smem;                                        // [T]
   int* expert_cnt = reinterpret_cast<int*>(smem + T);            // [E]
+  uint8_t* owner = reinterpret_cast<uint8_t*>(expert_cnt + E);   // [E]: each expert's rank (W <= 64)
   for (int p = tid; p < W; p += nt) peers[p] = a.peers[p];
-  for (int e = tid; e < E; e += nt) expert_cnt[e] = 0;
+  for (int e = tid; e < E; e += nt) {
+    expert_cnt[e] = 0;
+    owner[e] = uint8_t(e / epr);  // once per expert: a division per topk entry was most of the routing's instructions
+  }
   if (tid == 0) bad_at = -1;
   __syncthreads();
 
@@ -70,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
         if (e != -1) atomicMin(reinterpret_cast<unsigned long long*>(&bad_at), (unsigned long long)(int64_t(t) * K + k));
         return;
       }
-      mask |= uint64_t(1) << (e / epr);
+      mask |= uint64_t(1) << owner[e];
       atomicAdd(&expert_cnt[e], 1);
     };
     if (vec8) {
@@ -262,11 +266,12 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
     }
     if (chunk != 0) continue;
     // Scales, topk (local expert ids and weights for that receiver only) and the source token.
-    int e = -1;
+    int e = -1, owner = -1;  // owner: the rank of expert e (-1: none)
     float w = 0.0f;
     if (lane < K) {
       e = in.topk_idx[t * K + lane];
       w = in.topk_weights[t * K + lane];
+      if (e >= 0 && e < E) owner = e / epr;
     }
     uint64_t mm = mask;
     while (mm != 0) {
@@ -275,7 +280,7 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
       const int64_t o = __shfl_sync(0xffffffffu, p < 32 ? o_lo : o_hi, p & 31);
       const uint64_t b = buf_base(a, peers, p);
       if (lane < K) {
-        const bool to_p = e >= 0 && e < E && e / epr == p;
+        const bool to_p = owner == p;
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.topk_idx))[o * K + lane] = to_p ? e - p * epr : -1;
         reinterpret_cast<float*>(b + uint64_t(m.buf.topk_weights))[o * K + lane] = to_p ? w : 0.0f;
       }
