@@ -83,10 +83,10 @@ function printCuda(r: Awaited<ReturnType<typeof cudaRun>>) {
   const f1 = (x: number | undefined) => (x === undefined ? '-' : x.toFixed(1));
   const torch = r.torch as { figures?: Array<{ op: string; tokens: number; device_us: number }>; trivial_op_host_us?: number } | null;
   for (const [name, g] of Object.entries(r.groups)) {
-    console.log(`\n${name} (µs; call = awaited call + stream sync, p50/p99; loop = per call of ${iters} back to back; device = events around the launches, median)`);
-    console.log(`${'op'.padEnd(44)} ${'tokens'.padStart(6)} ${'call p50'.padStart(9)} ${'p99'.padStart(8)} ${'loop'.padStart(8)} ${'device'.padStart(8)} ${'host'.padStart(7)}`);
+    console.log(`\n${name} (µs; call = awaited call + stream sync, p50/p99; submit = the awaited call alone, p50; loop = per call of ${iters} back to back; device = CUDA events around the launches, in a pass of their own with rank.timeOps(true), median)`);
+    console.log(`${'op'.padEnd(44)} ${'tokens'.padStart(6)} ${'call p50'.padStart(9)} ${'p99'.padStart(8)} ${'submit'.padStart(7)} ${'loop'.padStart(8)} ${'device'.padStart(8)} ${'host'.padStart(7)}`);
     for (const f of g.figures)
-      console.log(`${f.op.padEnd(44)} ${String(f.tokens ?? '').padStart(6)} ${f1(f.call_p50_us).padStart(9)} ${f1(f.call_p99_us).padStart(8)} ${f1(f.loop_us).padStart(8)} ${f1(f.device_us).padStart(8)} ${f1(f.host_us).padStart(7)}`);
+      console.log(`${f.op.padEnd(44)} ${String(f.tokens ?? '').padStart(6)} ${f1(f.call_p50_us).padStart(9)} ${f1(f.call_p99_us).padStart(8)} ${f1(f.submit_p50_us).padStart(7)} ${f1(f.loop_us).padStart(8)} ${f1(f.device_us).padStart(8)} ${f1(f.host_us).padStart(7)}`);
     console.log(`${'driver-mode barrier (group.barrier)'.padEnd(44)} ${''.padStart(6)} ${f1(g.driverBarrierP50).padStart(9)}`);
   }
   if (torch?.figures) {

@@ -192,8 +192,20 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     /** cuda baselines (ms per op, CUDA events, after `warmup`): every rank calls them together */
     benchAlltoAll: async (bytes: number, iters: number, warmup = 3) => (needCuda('benchAlltoAll'), native.benchAlltoAll(bytes, iters, warmup)),
     benchPeerCopy: async (bytes: number, iters: number, warmup = 3) => (needCuda('benchPeerCopy'), native.benchPeerCopy(bytes, iters, warmup)),
-    /** cuda: device ms of the last dispatch (first launch to the data kernel's end) or combine; waits for the stream */
+    /**
+     * cuda: device ms of the last dispatch (first launch to the data kernel's end) or combine; waits for the
+     * stream. Needs timeOps(true) before that op (STATE otherwise).
+     */
     lastOpDeviceMs: () => (needCuda('lastOpDeviceMs'), native.lastOpMs()),
+    /**
+     * cuda: whether later dispatches and combines record CUDA events around their launches, for
+     * lastOpDeviceMs(). Off by default: the two event records cost the CPU a few µs per op.
+     */
+    timeOps: (on = true) => {
+      needCuda('timeOps');
+      if (typeof on !== 'boolean') throw invalid('on', 'must be a boolean');
+      native.setOpTiming(on);
+    },
     /** cuda: microseconds per call of an AGRS/engram/pipeline transport on device-resident data (bench/gpu-agrs) */
     benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => native.benchAgrs(op, engine, bytes, iters),
     /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds (the compute-overlap case) */

@@ -109,6 +109,7 @@ export interface NativeContext {
   eventElapsed(start: bigint, end: bigint): number;
   eventDestroy(event: bigint): void;
   lastOpMs(): number;
+  setOpTiming(on: boolean): void;
   benchAlltoAll(bytes: number, iters: number, warmup: number): number;
   benchPeerCopy(bytes: number, iters: number, warmup: number): number;
   benchAgrs(op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number): number;

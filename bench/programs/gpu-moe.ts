@@ -59,10 +59,12 @@ export default async function gpuMoe(rank: RankProgramHandle<'cuda'>, a: GpuMoeA
       const ms = await rank.timeIt(fn, a.iters);
       // Device time per op (events recorded natively around its launches), median of a second pass.
       const dev: number[] = [];
+      rank.timeOps(true);
       for (let i = 0; i < a.iters; i++) {
         await fn();
         dev.push(rank.lastOpDeviceMs());
       }
+      rank.timeOps(false);
       dev.sort((p, q) => p - q);
       figures.push({ case: c.name, op, sms, ms, deviceMs: dev[dev.length >> 1]!, bytes: figBytes, remoteBytes: figRemote });
     };

@@ -22,11 +22,13 @@ export default async function gridSweep(rank: RankProgramHandle<'cuda'>, a: Grid
   const out: GridFigure[] = [];
   const device = async (fn: () => Promise<unknown>) => {
     const us: number[] = [];
+    rank.timeOps(true);
     for (let i = 0; i < 10; i++) await fn();
     for (let i = 0; i < a.iters; i++) {
       await fn();
       us.push(rank.lastOpDeviceMs() * 1e3);
     }
+    rank.timeOps(false);
     return median(us);
   };
   for (const grid of a.grids) {

@@ -2,13 +2,13 @@
 // kernels take on the device, in one run. Per op: `call` = wall µs of one awaited call followed by a
 // stream sync (p50; what a step that needs the result pays), `loop` = wall µs per call of `iters` calls
 // back to back then one sync (throughput), `device` = median µs between the CUDA events the addon
-// records around the op's launches. Plus barriers (p50 wall), a captured graph of a cached dispatch
+// records around the op's launches (rank.timeOps(true), in a pass of its own: call and loop run without them)
 // and a combine (device µs per replay from events around `iters` replays, host µs per replay() call),
 // and the 4096-token dispatch with outputs in the buffer.
 import type { RankProgramHandle } from '../../actors/index.js';
 
 export interface HotPathArgs { hidden: number; topk: number; experts: number; tokens: number[]; iters: number; warmup: number }
-export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; loop_us?: number; device_us?: number; host_us?: number }
+export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; submit_p50_us?: number; loop_us?: number; device_us?: number; host_us?: number }
 
 const p = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
 
@@ -21,18 +21,20 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
   const out: HotFigure[] = [];
   const now = () => performance.now() * 1e3;
 
-  /** p50/p99 of awaited calls (each followed by `after`), after warm-up. */
-  async function timed(fn: () => Promise<unknown>, after: () => Promise<unknown> = async () => {}): Promise<number[]> {
+  /** µs of awaited calls, each followed by `after` (`us`), and of the awaited call alone (`submit`), after warm-up. */
+  async function timed(fn: () => Promise<unknown>, after: () => Promise<unknown> = async () => {}): Promise<{ us: number[]; submit: number[] }> {
     for (let i = 0; i < a.warmup; i++) await fn(), await after();
     await rank.barrier();
-    const us: number[] = [];
+    const us: number[] = [], submit: number[] = [];
     for (let i = 0; i < a.iters; i++) {
       const t0 = now();
       await fn();
+      const t1 = now();
       await after();
       us.push(now() - t0);
+      submit.push(t1 - t0);
     }
-    return us;
+    return { us, submit };
   }
   async function loop(fn: () => Promise<unknown>): Promise<number> {
     await rank.sync();
@@ -43,20 +45,26 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
     return (now() - t0) / a.iters;
   }
   async function device(fn: () => Promise<unknown>): Promise<number> {
+    // Events only here: recording them costs the CPU a few µs per op, which the call figures leave out.
     const dev: number[] = [];
+    rank.timeOps(true);
     for (let i = 0; i < Math.min(a.iters, 200); i++) {
       await fn();
       dev.push(rank.lastOpDeviceMs() * 1e3);
     }
+    rank.timeOps(false);
     return p(dev, 0.5);
   }
   async function op(name: string, tokens: number, fn: () => Promise<unknown>) {
-    const calls = await timed(fn, () => rank.sync());
-    out.push({ op: name, tokens, call_p50_us: p(calls, 0.5), call_p99_us: p(calls, 0.99), loop_us: await loop(fn), device_us: await device(fn) });
+    const { us: calls, submit } = await timed(fn, () => rank.sync());
+    out.push({
+      op: name, tokens, call_p50_us: p(calls, 0.5), call_p99_us: p(calls, 0.99), submit_p50_us: p(submit, 0.5), loop_us: await loop(fn),
+      device_us: await device(fn),
+    });
   }
 
   for (const [name, fn] of [['barrier', () => rank.barrier()], ['barrier (CPU sync)', () => rank.barrier({ withCpuSync: true })]] as const) {
-    const us = await timed(fn);
+    const { us } = await timed(fn);
     out.push({ op: name, call_p50_us: p(us, 0.5), call_p99_us: p(us, 0.99) });
   }
 

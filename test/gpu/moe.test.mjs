@@ -197,6 +197,20 @@ for (const layout of layouts([2, 4])) {
       });
     });
 
+    test('rank.timeOps: ops are untimed by default (lastOpDeviceMs is STATE), timed after timeOps(true), untimed after timeOps(false)', async () => {
+      const res = await cuda.run(program('op-timing.mjs'), { seed: 23, tokens });
+      res.forEach((o, r) => {
+        assert.equal(o.before.code, 'STATE', `rank ${r}: ${JSON.stringify(o.before)}`);
+        assert.match(o.before.message, /timeOps\(true\)/);
+        assert.equal(o.badArg.code, 'EINVAL');
+        assert.equal(o.armed.code, 'STATE', 'nothing ran since timeOps(true)');
+        for (const [what, wall] of [['dispatched', o.dispatchWallMs], ['combined', o.combineWallMs]]) {
+          assert.ok(o[what].ms > 0 && o[what].ms <= wall, `rank ${r} ${what}: ${o[what].ms} ms of device time in ${wall} ms of wall time`);
+        }
+        assert.equal(o.after.code, 'STATE');
+      });
+    });
+
     test('captured graphs of cached dispatch, combine and barrier replay exact, every replay new collectives seen as transitions', async () => {
       const seed = 12;
       const replays = 5;

@@ -82,6 +82,7 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::EventElapsed>("eventElapsed"),
                          InstanceMethod<&ContextWrap::EventDestroy>("eventDestroy"),
                          InstanceMethod<&ContextWrap::LastOpMs>("lastOpMs"),
+                         InstanceMethod<&ContextWrap::SetOpTiming>("setOpTiming"),
                          InstanceMethod<&ContextWrap::BenchAlltoAll>("benchAlltoAll"),
                          InstanceMethod<&ContextWrap::BenchPeerCopy>("benchPeerCopy"),
                          InstanceMethod<&ContextWrap::BenchAgrs>("benchAgrs"),

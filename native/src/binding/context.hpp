@@ -76,6 +76,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value EventElapsed(const Napi::CallbackInfo& info);
   Napi::Value EventDestroy(const Napi::CallbackInfo& info);
   Napi::Value LastOpMs(const Napi::CallbackInfo& info);
+  Napi::Value SetOpTiming(const Napi::CallbackInfo& info);
   Napi::Value BenchAlltoAll(const Napi::CallbackInfo& info);
   Napi::Value BenchPeerCopy(const Napi::CallbackInfo& info);
   Napi::Value BenchAgrs(const Napi::CallbackInfo& info);

@@ -71,6 +71,14 @@ Napi::Value ContextWrap::EventDestroy(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+Napi::Value ContextWrap::SetOpTiming(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Context& c = ctx(env);
+  const bool on = info.Length() > 0 && info[0].ToBoolean().Value();
+  guarded(env, [&] { c.backend().set_op_timing(on); });
+  return env.Undefined();
+}
+
 Napi::Value ContextWrap::LastOpMs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);

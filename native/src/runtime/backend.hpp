@@ -182,6 +182,9 @@ class Backend {
   virtual double elapsed_ms(uint64_t start, uint64_t end);
   virtual void destroy_event(uint64_t event);
   virtual double last_op_ms();
+  // Events around each later dispatch and combine, for last_op_ms (off: two event records cost the CPU
+  // ~2 µs each per op).
+  virtual void set_op_timing(bool on);
   virtual double bench_all_to_all(int64_t bytes, int iters, int warmup);
   virtual double bench_peer_copy(int64_t bytes, int iters, int warmup);
   virtual double bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters);

@@ -127,6 +127,7 @@ uint64_t Backend::record_event() { needs_cuda("recordEvent"); }
 double Backend::elapsed_ms(uint64_t, uint64_t) { needs_cuda("elapsedMs"); }
 void Backend::destroy_event(uint64_t) { needs_cuda("destroyEvent"); }
 double Backend::last_op_ms() { needs_cuda("lastOpDeviceMs"); }
+void Backend::set_op_timing(bool) { needs_cuda("timeOps"); }
 double Backend::bench_all_to_all(int64_t, int, int) { needs_cuda("benchAlltoAll"); }
 double Backend::bench_peer_copy(int64_t, int, int) { needs_cuda("benchPeerCopy"); }
 double Backend::bench_agrs(const std::string&, const std::string&, int64_t, int64_t) { needs_cuda("benchAgrs"); }

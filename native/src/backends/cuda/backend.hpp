@@ -103,6 +103,7 @@ class CudaBackend final : public Backend {
   double elapsed_ms(uint64_t start, uint64_t end) override;
   void destroy_event(uint64_t event) override;
   double last_op_ms() override;
+  void set_op_timing(bool on) override;
 
   // graph.cc
   void capture_begin(uint64_t seq) override;
@@ -187,6 +188,9 @@ class CudaBackend final : public Backend {
   ncclWindow_t window_ = nullptr;
   DevicePool pool_;
   CUevent op_start_ = nullptr, op_end_ = nullptr;
+  bool op_timing_ = false;  // rank.timeOps(): record op_start_ / op_end_ around dispatch and combine
+  bool op_timed_ = false;   // both were recorded for the last op
+  bool timing() const { return op_timing_ && !capturing_; }
   int64_t topk_bytes_ = 0;
   kargs::MoeStateLayout state_layout_;
   // graphs

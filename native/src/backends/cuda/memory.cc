@@ -110,7 +110,15 @@ double CudaBackend::elapsed_ms(uint64_t start, uint64_t end) {
 
 void CudaBackend::destroy_event(uint64_t event) { pool_.destroy_event(reinterpret_cast<CUevent>(uintptr_t(event))); }
 
+void CudaBackend::set_op_timing(bool on) {
+  op_timing_ = on;
+  if (!on) op_timed_ = false;
+}
+
 double CudaBackend::last_op_ms() {
+  RF_CHECK(op_timed_, "STATE",
+           op_timing_ ? "lastOpDeviceMs: no dispatch or combine has run since rank.timeOps(true)"
+                      : "lastOpDeviceMs: ops are not timed; call rank.timeOps(true) before the dispatch or combine to time");
   wait_stream(WaitSite{kPhaseNone, -1, "stream"});
   float ms = 0;
   translating(rank(), [&] { RF_CU(cuEventElapsedTime, &ms, op_start_, op_end_); });

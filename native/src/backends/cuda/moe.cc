@@ -65,7 +65,7 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
     st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
     st->weights = st->idx + CUdeviceptr(topk_bytes_);
-    if (!capturing_) RF_CU(cuEventRecord, op_start_, stream_);
+    if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
     if (tk > 0) {
       // The handle keeps the topk it was made from: a cached dispatch without weights replays them.
       auto copy_in = [&](CUdeviceptr dst, Mem src) {
@@ -97,7 +97,7 @@ void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
   st->cached = true;
   translating(rank(), [&] {
     st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
-    if (!capturing_) RF_CU(cuEventRecord, op_start_, stream_);
+    if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
   });
   keep_for_graph(*st);
   l.state = std::move(st);
@@ -222,7 +222,10 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     a.fingerprint = l.fingerprint;
     a.announce = st.cached ? 1 : 0;
     launch_->dispatch_data(stream_, a, in.num_sms);
-    if (!capturing_) RF_CU(cuEventRecord, op_end_, stream_);
+    if (timing()) {
+      RF_CU(cuEventRecord, op_end_, stream_);
+      op_timed_ = true;
+    }
   });
   keep_for_graph(st);
   if (!capturing_ && l.counts_known) check_refused();  // the notify that saw it finished: its report is there
@@ -288,7 +291,7 @@ void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
     cout.topk_weights = reinterpret_cast<float*>(s + CUdeviceptr(xb + wb + 2 * bb + ob));
   }
   translating(rank(), [&] {
-    if (!capturing_) RF_CU(cuEventRecord, op_start_, stream_);
+    if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
     kargs::CombineArgs a;
     a.r = rank_args(seq);
     a.m = moe_shape();
@@ -297,7 +300,10 @@ void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
     a.out = cout;
     a.fingerprint = l.fingerprint;
     launch_->combine(stream_, a, in.num_sms);
-    if (!capturing_) RF_CU(cuEventRecord, op_end_, stream_);
+    if (timing()) {
+      RF_CU(cuEventRecord, op_end_, stream_);
+      op_timed_ = true;
+    }
   });
   keep_for_graph(st);
   if (device) return;
