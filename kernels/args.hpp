@@ -209,6 +209,12 @@ struct NotifyArgs {
   MoeShape m;
   MoeState st;
   const int32_t* topk_idx = nullptr;
+  // The routing keeps its own copy of topk (cached dispatches replay it): the kernel writes keep_idx
+  // as it reads topk_idx and copies topk_weights to keep_weights. Null where the inputs already are
+  // those copies (driver mode stages host tensors there).
+  const float* topk_weights = nullptr;
+  int32_t* keep_idx = nullptr;
+  float* keep_weights = nullptr;
   int64_t num_tokens = 0;
   uint64_t* host_counts = nullptr;       // mapped host memory, host_counts_words() words, or null
   uint64_t fingerprint = 0;              // the layout's: the tag of the `enter` signals

@@ -58,7 +58,8 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   // 1. Routing: the ranks each token goes to (a thread per token: coalesced reads of topk_idx), and
   //    the topk entries naming each expert. Masks stay in shared memory; the state gets a copy.
   const int32_t* topk_idx = args.topk_idx;
-  const bool vec8 = K == 8 && (reinterpret_cast<uintptr_t>(topk_idx) & 15) == 0;
+  int32_t* keep_idx = args.keep_idx;
+  const bool vec8 = K == 8 && (reinterpret_cast<uintptr_t>(topk_idx) & 15) == 0 && (reinterpret_cast<uintptr_t>(keep_idx) & 15) == 0;
   for (int t = tid; t < T; t += nt) {
     int ids[8];
     const int32_t* row = topk_idx + int64_t(t) * K;
@@ -67,6 +68,10 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
       const int4 hi = __ldg(reinterpret_cast<const int4*>(row) + 1);
       ids[0] = lo.x; ids[1] = lo.y; ids[2] = lo.z; ids[3] = lo.w;
       ids[4] = hi.x; ids[5] = hi.y; ids[6] = hi.z; ids[7] = hi.w;
+      if (keep_idx != nullptr) {
+        reinterpret_cast<int4*>(keep_idx + int64_t(t) * K)[0] = lo;
+        reinterpret_cast<int4*>(keep_idx + int64_t(t) * K)[1] = hi;
+      }
     }
     uint64_t mask = 0;
     auto count = [&](int e, int k) {
@@ -81,10 +86,25 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
 #pragma unroll
       for (int k = 0; k < 8; ++k) count(ids[k], k);
     } else {
-      for (int k = 0; k < K; ++k) count(__ldg(row + k), k);
+      for (int k = 0; k < K; ++k) {
+        const int e = __ldg(row + k);
+        if (keep_idx != nullptr) keep_idx[int64_t(t) * K + k] = e;
+        count(e, k);
+      }
     }
     masks[t] = mask;
     st.dest_mask[t] = mask;
+  }
+  // The weights' copy (16-byte vectors where both ends allow them).
+  if (args.keep_weights != nullptr) {
+    const int64_t n = int64_t(T) * K;
+    const float* w = args.topk_weights;
+    float* keep = args.keep_weights;
+    if (n % 4 == 0 && ((reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(keep)) & 15) == 0) {
+      for (int64_t i = tid; i < n / 4; i += nt) reinterpret_cast<int4*>(keep)[i] = __ldg(reinterpret_cast<const int4*>(w) + i);
+    } else {
+      for (int64_t i = tid; i < n; i += nt) keep[i] = __ldg(w + i);
+    }
   }
   __syncthreads();
   if (tid == 0 && bad_at >= 0) report_bad(a.ctl, seq, bad_at, topk_idx[bad_at]);

@@ -100,6 +100,7 @@ void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
                   "dispatch: x has " + std::to_string(a.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
                       std::to_string(a.m.max_tokens) + ")");
   RF_CUDA_REQUIRE(a.num_tokens == 0 || a.topk_idx != nullptr, "dispatch notify: no topkIdx.");
+  RF_CUDA_REQUIRE(a.keep_weights == nullptr || a.topk_weights != nullptr, "dispatch notify: a weights copy without topkWeights.");
   // Shared memory: a routing mask per token, then a count and the owning rank per expert.
   const int64_t smem = a.num_tokens * 8 + int64_t(a.m.num_experts) * 5;
   constexpr int64_t kMaxSmem = 200 * 1024;

@@ -66,20 +66,27 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
     st->weights = st->idx + CUdeviceptr(topk_bytes_);
     if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
-    if (tk > 0) {
-      // The handle keeps the topk it was made from: a cached dispatch without weights replays them.
-      auto copy_in = [&](CUdeviceptr dst, Mem src) {
-        if (src.device) RF_CU(cuMemcpyAsync, dst, dev(src.ptr), tk, stream_);
-        else from_host(dst, src.ptr, int64_t(tk));
-      };
-      copy_in(st->idx, in.topk_idx);
-      copy_in(st->weights, in.topk_weights);
-    }
+    // The handle keeps the topk it was made from (a cached dispatch without weights replays them): the
+    // notify kernel copies device tensors as it reads them; host tensors are staged into the copies.
     kargs::NotifyArgs a;
+    if (tk > 0) {
+      if (in.topk_idx.device) {
+        a.topk_idx = in.topk_idx.as<const int32_t>();
+        a.keep_idx = reinterpret_cast<int32_t*>(st->idx);
+      } else {
+        from_host(st->idx, in.topk_idx.ptr, int64_t(tk));
+        a.topk_idx = reinterpret_cast<const int32_t*>(st->idx);
+      }
+      if (in.topk_weights.device) {
+        a.topk_weights = in.topk_weights.as<const float>();
+        a.keep_weights = reinterpret_cast<float*>(st->weights);
+      } else {
+        from_host(st->weights, in.topk_weights.ptr, int64_t(tk));
+      }
+    }
     a.r = rank_args(seq);
     a.m = moe_shape();
     a.st = state_of(*st);
-    a.topk_idx = reinterpret_cast<const int32_t*>(st->idx);
     a.num_tokens = T;
     a.host_counts = reinterpret_cast<uint64_t*>(counts_dev_);
     a.fingerprint = l.fingerprint;
