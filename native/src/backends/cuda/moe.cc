@@ -104,7 +104,6 @@ void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
   st->cached = true;
   translating(rank(), [&] {
     st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
-    if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
   });
   keep_for_graph(*st);
   l.state = std::move(st);
@@ -200,6 +199,7 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
   din.x_elem_bytes = int32_t(in.x_elem_bytes);
   kargs::DispatchOut dout;
   translating(rank(), [&] {
+    if (st.cached && timing()) RF_CU(cuEventRecord, op_start_, stream_);  // a cached dispatch's first device work is here
     if (!in.x.device) {
       // Driver mode: x, scales and new weights staged; the outputs stay in the buffer, copied out below.
       const int64_t xb = align_up(T * row, kRegionAlignment), sb = align_up(T * S * 4, kRegionAlignment);
