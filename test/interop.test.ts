@@ -33,6 +33,7 @@ function fakeMemory(refuse?: string) {
     deviceAlloc: (bytes) => (calls.push(['alloc', bytes]), 0x1000n),
     deviceFree: (ptr) => void calls.push(['free', ptr]),
     deviceUpload: (ptr, data) => void calls.push(['upload', ptr, data.byteLength]),
+    deviceZero: (ptr, bytes) => void calls.push(['zero', ptr, bytes]),
     deviceDownload: (ptr, bytes) => (calls.push(['download', ptr, bytes]), new Uint8Array(bytes)),
     deviceCheck: (ptr, bytes) => {
       calls.push(['check', ptr, bytes]);

@@ -11,6 +11,7 @@ import { describe, expect, test } from 'vitest';
 
 import { createGroup, DeviceTensor, type Group, type Session } from '../actors/index.js';
 import { parseExecArgv, workerExecArgv } from '../actors/core/worker-argv.js';
+import { deviceTensor } from '../actors/core/device-tensor.js';
 import { ensureCompiled, repoRoot } from './helpers/children.js';
 import { program } from './helpers/group.js';
 
@@ -109,9 +110,32 @@ describe('await using and using', () => {
         await expect(s.close()).rejects.toMatchObject({ code: 'STATE' });
     });
 
+    test('rank.tensor without data zero-fills on the device (no host bytes); with data it uploads them; a refused copy gives the memory back', () => {
+        const calls: Array<[string, ...unknown[]]> = [];
+        const mem = {
+            deviceAlloc: (bytes: number) => (calls.push(['alloc', bytes]), 8192n),
+            deviceFree: (p: bigint) => void calls.push(['free', p]),
+            deviceUpload: (p: bigint, data: ArrayBufferView) => {
+                calls.push(['upload', p, data.byteLength]);
+                if (data.byteLength === 12) throw Object.assign(new Error('refused'), { code: 'STATE' });
+            },
+            deviceZero: (p: bigint, bytes: number) => void calls.push(['zero', p, bytes]),
+            deviceDownload: () => new Uint8Array(0),
+        };
+        const z = deviceTensor(mem, 'bf16', [1000, 7168]);
+        expect(calls).toEqual([['alloc', 14_336_000], ['zero', 8192n, 14_336_000]]);
+        calls.length = 0;
+        deviceTensor(mem, 'int32', [4], Int32Array.of(1, 2, 3, 4));
+        expect(calls).toEqual([['alloc', 16], ['upload', 8192n, 16]]);
+        calls.length = 0;
+        expect(() => deviceTensor(mem, 'int32', [3], Int32Array.of(1, 2, 3))).toThrow(/refused/);
+        expect(calls).toEqual([['alloc', 12], ['upload', 8192n, 12], ['free', 8192n]]);
+        z.free();
+    });
+
     test('a device tensor leaving its scope is freed, once', () => {
         const freed: bigint[] = [];
-        const mem = { deviceAlloc: () => 64n, deviceFree: (p: bigint) => void freed.push(p), deviceUpload: () => {}, deviceDownload: () => new Uint8Array(0) };
+        const mem = { deviceAlloc: () => 64n, deviceFree: (p: bigint) => void freed.push(p), deviceUpload: () => {}, deviceZero: () => {}, deviceDownload: () => new Uint8Array(0) };
         let t: DeviceTensor | undefined;
         {
             using d = new DeviceTensor(mem, 'fp32', [4], 4096n);

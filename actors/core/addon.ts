@@ -103,6 +103,7 @@ export interface NativeContext {
   deviceAlloc(bytes: number): bigint;
   deviceFree(ptr: bigint): void;
   deviceUpload(ptr: bigint, data: ArrayBufferView): void;
+  deviceZero(ptr: bigint, bytes: number): void;
   deviceDownload(ptr: bigint, bytes: number): Uint8Array;
   deviceSync(): void;
   eventRecord(): bigint;

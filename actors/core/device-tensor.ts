@@ -10,6 +10,8 @@ export interface DeviceMemory {
   deviceAlloc(bytes: number): bigint;
   deviceFree(ptr: bigint): void;
   deviceUpload(ptr: bigint, data: ArrayBufferView): void;
+  /** zero-fills on the rank's stream (a memset: no host bytes, and capturable) */
+  deviceZero(ptr: bigint, bytes: number): void;
   deviceDownload(ptr: bigint, bytes: number): Uint8Array;
 }
 
@@ -85,7 +87,13 @@ export function deviceTensor<D extends DType>(mem: DeviceMemory, dtype: D, shape
   const bytes = numel(shape) * ELEMENT_BYTES[dtype];
   if (data !== undefined && data.byteLength !== bytes) throw invalid('data', `has ${data.byteLength} bytes; [${shape.join(', ')}] ${dtype} needs ${bytes}`);
   const t = new DeviceTensor(mem, dtype, shape, mem.deviceAlloc(bytes));
-  t.upload(data ?? new Uint8Array(bytes));
+  try {
+    if (data !== undefined) t.upload(data);
+    else mem.deviceZero(t.ptr, bytes);
+  } catch (e) {
+    t.free();  // nothing half-made: the memory goes back
+    throw e;
+  }
   return t;
 }
 

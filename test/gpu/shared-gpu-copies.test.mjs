@@ -36,12 +36,14 @@ for (const layout of layouts([2, 4])) {
       }
     });
 
-    test('an upload inside rank.capture() is refused with STATE; the rank goes on (barrier, upload, a graph after it)', async () => {
+    test('an upload inside rank.capture() is refused with STATE; the rank goes on (barrier, upload, a graph after it); a tensor made without data inside a capture is zeroed by every replay', async () => {
       const res = await gpu.run(new URL('./programs/upload-in-capture.mjs', import.meta.url), {});
       for (const r of range(W)) {
         assert.equal(res[r].refused?.code, 'STATE', `rank ${r}: ${JSON.stringify(res[r].refused)}`);
         assert.match(res[r].refused.message, /inside rank\.capture\(\)/);
         assert.deepEqual(res[r].back, range(256).map((i) => i + r));
+        assert.deepEqual(res[r].uploaded, Array(64).fill(5));
+        assert.deepEqual(res[r].zeroed, [Array(64).fill(0), Array(64).fill(0)]);
         assert.equal(res[r].end, 'ready');
       }
     });

@@ -76,6 +76,7 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::DeviceAlloc>("deviceAlloc"),
                          InstanceMethod<&ContextWrap::DeviceFree>("deviceFree"),
                          InstanceMethod<&ContextWrap::DeviceUpload>("deviceUpload"),
+                         InstanceMethod<&ContextWrap::DeviceZero>("deviceZero"),
                          InstanceMethod<&ContextWrap::DeviceDownload>("deviceDownload"),
                          InstanceMethod<&ContextWrap::DeviceSync>("deviceSync"),
                          InstanceMethod<&ContextWrap::EventRecord>("eventRecord"),

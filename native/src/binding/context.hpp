@@ -70,6 +70,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value DeviceAlloc(const Napi::CallbackInfo& info);
   Napi::Value DeviceFree(const Napi::CallbackInfo& info);
   Napi::Value DeviceUpload(const Napi::CallbackInfo& info);
+  Napi::Value DeviceZero(const Napi::CallbackInfo& info);
   Napi::Value DeviceDownload(const Napi::CallbackInfo& info);
   Napi::Value DeviceSync(const Napi::CallbackInfo& info);
   Napi::Value EventRecord(const Napi::CallbackInfo& info);

@@ -33,6 +33,15 @@ Napi::Value ContextWrap::DeviceUpload(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+Napi::Value ContextWrap::DeviceZero(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Context& c = ctx(env);
+  const uint64_t p = address_arg(info[0], "ptr");
+  const int64_t n = int_arg(info[1], "bytes", 0, int64_t(1) << 40);
+  guarded(env, [&] { c.backend().zero(p, n); });
+  return env.Undefined();
+}
+
 Napi::Value ContextWrap::DeviceDownload(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);

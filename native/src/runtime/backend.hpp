@@ -176,6 +176,7 @@ class Backend {
   virtual uint64_t device_alloc(int64_t bytes);
   virtual void device_free(uint64_t ptr);
   virtual void upload(uint64_t dst, const void* src, int64_t bytes);
+  virtual void zero(uint64_t dst, int64_t bytes);  // in stream order (a graph node while capturing)
   virtual void download(void* dst, uint64_t src, int64_t bytes);
   virtual void sync();
   virtual uint64_t record_event();

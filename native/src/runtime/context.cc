@@ -121,6 +121,7 @@ void Backend::nccl_init(const std::vector<uint8_t>&) {
 uint64_t Backend::device_alloc(int64_t) { needs_cuda("a device tensor"); }
 void Backend::device_free(uint64_t) { needs_cuda("free"); }
 void Backend::upload(uint64_t, const void*, int64_t) { needs_cuda("upload"); }
+void Backend::zero(uint64_t, int64_t) { needs_cuda("a device tensor"); }
 void Backend::download(void*, uint64_t, int64_t) { needs_cuda("toHost"); }
 void Backend::sync() { needs_cuda("sync"); }
 uint64_t Backend::record_event() { needs_cuda("recordEvent"); }

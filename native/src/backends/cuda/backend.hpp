@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   uint64_t device_alloc(int64_t bytes) override;
   void device_free(uint64_t ptr) override;
   void upload(uint64_t dst, const void* src, int64_t bytes) override;
+  void zero(uint64_t dst, int64_t bytes) override;
   void download(void* dst, uint64_t src, int64_t bytes) override;
   void sync() override;
   uint64_t record_event() override;

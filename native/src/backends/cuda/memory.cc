@@ -77,6 +77,11 @@ void CudaBackend::upload(uint64_t dst, const void* src, int64_t bytes) {
   translating(rank(), [&] { from_host(CUdeviceptr(dst), src, bytes); });
 }
 
+void CudaBackend::zero(uint64_t dst, int64_t bytes) {
+  check_alive("a device tensor");
+  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemsetD8Async, CUdeviceptr(dst), 0, size_t(bytes), stream_); });
+}
+
 void CudaBackend::download(void* dst, uint64_t src, int64_t bytes) {
   check_alive("tensor download");
   wait_stream(WaitSite{kPhaseNone, -1, "stream"});
