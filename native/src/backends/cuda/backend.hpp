@@ -192,6 +192,9 @@ class CudaBackend final : public Backend {
   bool op_timing_ = false;  // rank.timeOps(): record op_start_ / op_end_ around dispatch and combine
   bool op_timed_ = false;   // both were recorded for the last op
   bool timing() const { return op_timing_ && !capturing_; }
+  // With timing(): op_start_ before an op's first device work, op_end_ after its last (memory.cc).
+  void time_start();
+  void time_end();
   int64_t topk_bytes_ = 0;
   kargs::MoeStateLayout state_layout_;
   // graphs

@@ -115,6 +115,18 @@ double CudaBackend::elapsed_ms(uint64_t start, uint64_t end) {
 
 void CudaBackend::destroy_event(uint64_t event) { pool_.destroy_event(reinterpret_cast<CUevent>(uintptr_t(event))); }
 
+void CudaBackend::time_start() {
+  if (!timing()) return;
+  op_timed_ = false;  // an op that fails before its end leaves nothing to read
+  RF_CU(cuEventRecord, op_start_, stream_);
+}
+
+void CudaBackend::time_end() {
+  if (!timing()) return;
+  RF_CU(cuEventRecord, op_end_, stream_);
+  op_timed_ = true;
+}
+
 void CudaBackend::set_op_timing(bool on) {
   op_timing_ = on;
   if (!on) op_timed_ = false;

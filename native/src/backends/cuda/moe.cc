@@ -65,7 +65,7 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
     st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
     st->weights = st->idx + CUdeviceptr(topk_bytes_);
-    if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
+    time_start();
     // The handle keeps the topk it was made from (a cached dispatch without weights replays them): the
     // notify kernel copies device tensors as it reads them; host tensors are staged into the copies.
     kargs::NotifyArgs a;
@@ -199,7 +199,7 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
   din.x_elem_bytes = int32_t(in.x_elem_bytes);
   kargs::DispatchOut dout;
   translating(rank(), [&] {
-    if (st.cached && timing()) RF_CU(cuEventRecord, op_start_, stream_);  // a cached dispatch's first device work is here
+    if (st.cached) time_start();  // a cached dispatch's first device work is here
     if (!in.x.device) {
       // Driver mode: x, scales and new weights staged; the outputs stay in the buffer, copied out below.
       const int64_t xb = align_up(T * row, kRegionAlignment), sb = align_up(T * S * 4, kRegionAlignment);
@@ -229,10 +229,7 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     a.fingerprint = l.fingerprint;
     a.announce = st.cached ? 1 : 0;
     launch_->dispatch_data(stream_, a, in.num_sms);
-    if (timing()) {
-      RF_CU(cuEventRecord, op_end_, stream_);
-      op_timed_ = true;
-    }
+    time_end();
   });
   keep_for_graph(st);
   if (!capturing_ && l.counts_known) check_refused();  // the notify that saw it finished: its report is there
@@ -298,7 +295,7 @@ void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
     cout.topk_weights = reinterpret_cast<float*>(s + CUdeviceptr(xb + wb + 2 * bb + ob));
   }
   translating(rank(), [&] {
-    if (timing()) RF_CU(cuEventRecord, op_start_, stream_);
+    time_start();
     kargs::CombineArgs a;
     a.r = rank_args(seq);
     a.m = moe_shape();
@@ -307,10 +304,7 @@ void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
     a.out = cout;
     a.fingerprint = l.fingerprint;
     launch_->combine(stream_, a, in.num_sms);
-    if (timing()) {
-      RF_CU(cuEventRecord, op_end_, stream_);
-      op_timed_ = true;
-    }
+    time_end();
   });
   keep_for_graph(st);
   if (device) return;
