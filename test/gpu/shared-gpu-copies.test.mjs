@@ -4,7 +4,8 @@
 // them, so a peer that had not launched its put yet blocked in its own upload, and the gather timed
 // out (TIMEOUT_GPU after the GPU timeout; seen in 1 of 7 runs of agrs-inplace.test.mjs with 4 ranks).
 // Every copy from host memory now goes through the rank's own pinned staging (memory.cc from_host),
-// which a graph cannot replay: an upload inside rank.capture() is refused.
+// which a graph cannot replay: an upload inside rank.capture() is refused, while a tensor made there
+// without data is zeroed by a memset node that every replay runs.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 

@@ -20,7 +20,7 @@ export default async function opTiming(rank, { seed, tokens }) {
     rank.timeOps(true);
     const armed = attempt(() => rank.lastOpDeviceMs());
     let t0 = performance.now();
-    const k = await rank.dispatch({ x, handle: d.handle }, { outputsInBuffer: true });
+    await rank.dispatch({ x, handle: d.handle }, { outputsInBuffer: true });  // its outputs are the buffer's views
     await rank.sync();
     const dispatchWallMs = performance.now() - t0;
     const dispatched = attempt(() => rank.lastOpDeviceMs());
@@ -33,7 +33,6 @@ export default async function opTiming(rank, { seed, tokens }) {
     rank.timeOps(false);
     const after = attempt(() => rank.lastOpDeviceMs());
     for (const t of [x, topkIdx, topkWeights, cx, c.x, c.topkWeights]) t.free();
-    void k;
     d.free();
     return { before, badArg, armed, dispatched, dispatchWallMs, combined, combineWallMs, after };
 }
