@@ -106,7 +106,8 @@ struct Control {
   int64_t bad_value;       // the id, or the peer
   uint64_t completed_seq;  // GPU -> CPU: the last op whose final kernel ran to its end (barrier)
   int32_t abort_mirror[4]; // the abort words, copied here by the CPU where the GPU cannot map them
-  uint64_t pad[4];
+  uint64_t synced_seq;     // stream -> CPU: the last stream wait reached (cuda: a stream memory op writes it)
+  uint64_t pad[3];
 };
 constexpr int64_t kBadHandle = -2;
 // The abort words (runtime/abort.hpp): [0] failed rank + 1, [1] stopping; either non-zero = give up.

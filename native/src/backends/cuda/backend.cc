@@ -50,6 +50,13 @@ void CudaBackend::create() {
   host_.create(int64_t(sizeof(Control)) + counts_words * 8);
   ctl_ = host_.host_at<Control>(0);
   ctl_dev_ = host_.device();
+  {  // stream waits write a word into the Control block where the GPU can (wait_stream)
+    CUdevice cu_dev = 0;
+    int mem_ops = 0;
+    RF_CU(cuDeviceGet, &cu_dev, ordinal_);
+    RF_CU(cuDeviceGetAttribute, &mem_ops, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, cu_dev);
+    stream_writes_ = mem_ops != 0;
+  }
   counts_host_ = host_.host_at<uint64_t>(int64_t(sizeof(Control)));
   counts_dev_ = host_.device_at(int64_t(sizeof(Control)));
   pinned_.create(kPinnedStagingBytes);

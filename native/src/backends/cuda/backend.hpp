@@ -144,6 +144,8 @@ class CudaBackend final : public Backend {
   // EINVAL (the rank stays usable).
   void wait_stream(const WaitSite& site);
   void wait_completed(uint64_t seq, const WaitSite& site);
+  // Spins until the Control word at `word` (completed_seq, synced_seq) reaches seq; a fault ends it.
+  void wait_flag(const volatile uint64_t* word, uint64_t seq, const WaitSite& site);
   template <typename Ready>
   void wait_device(const WaitSite& site, Ready ready);
   void check_control(const WaitSite& site);  // check_gave_up, then check_refused
@@ -206,6 +208,8 @@ class CudaBackend final : public Backend {
     std::vector<CUdeviceptr> outputs;                // tensors allocated while capturing
   };
   bool capturing_ = false;
+  uint64_t synced_ = 0;  // the last value wait_stream asked the stream to write into Control.synced_seq
+  bool stream_writes_ = false;  // the GPU supports 64-bit stream memory ops (cuStreamWriteValue64)
   uint64_t capture_base_ = 0;
   Graph capture_;
   std::map<uint64_t, Graph> graphs_;

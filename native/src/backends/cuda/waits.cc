@@ -68,14 +68,27 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
   check_control(site);
 }
 
+// The stream writes a new value into mapped host memory once everything before it ran (a stream
+// memory op, with its memory barrier), and the CPU spins on that word: no driver call per poll. A
+// loop of cuStreamQuery took the context's lock on every poll, and ranks sharing a GPU (one context)
+// waited for it in their launches. While capturing (nothing runs), or on a GPU without 64-bit stream
+// memory ops, the stream is asked as before.
 void CudaBackend::wait_stream(const WaitSite& site) {
   const Driver& d = driver();
-  wait_device(site, [&] {
-    const CUresult res = d.cuStreamQuery(stream_);
-    if (res == CUDA_SUCCESS) return true;
-    if (res != CUDA_ERROR_NOT_READY) fail_stream(res);
-    return false;
+  if (capturing_ || !stream_writes_) {
+    wait_device(site, [&] {
+      const CUresult res = d.cuStreamQuery(stream_);
+      if (res == CUDA_SUCCESS) return true;
+      if (res != CUDA_ERROR_NOT_READY) fail_stream(res);
+      return false;
+    });
+    return;
+  }
+  const uint64_t seq = ++synced_;
+  translating(rank(), [&] {
+    RF_CU(cuStreamWriteValue64, stream_, ctl_dev_ + CUdeviceptr(offsetof(Control, synced_seq)), seq, CU_STREAM_WRITE_VALUE_DEFAULT);
   });
+  wait_flag(&ctl_->synced_seq, seq, site);
 }
 
 // An async op's end (async.cc): its event, queried in the same loop.
@@ -91,12 +104,14 @@ void CudaBackend::wait_event(CUevent e, const WaitSite& site) {
 
 // The barrier kernel writes the op's sequence number into Control.completed_seq at its end: a spin on
 // mapped host memory, no driver call, except every few hundred polls to see a fault early.
-void CudaBackend::wait_completed(uint64_t seq, const WaitSite& site) {
+void CudaBackend::wait_completed(uint64_t seq, const WaitSite& site) { wait_flag(&ctl_->completed_seq, seq, site); }
+
+// A spin on mapped host memory, except every few hundred polls a stream query to see a fault early.
+void CudaBackend::wait_flag(const volatile uint64_t* word, uint64_t seq, const WaitSite& site) {
   const Driver& d = driver();
-  const volatile uint64_t* flag = &ctl_->completed_seq;
   uint32_t polls = 0;
   wait_device(site, [&] {
-    if (*flag >= seq) return true;
+    if (*word >= seq) return true;
     if ((++polls & 255) == 0) {
       const CUresult res = d.cuStreamQuery(stream_);
       if (res != CUDA_SUCCESS && res != CUDA_ERROR_NOT_READY) fail_stream(res);
