@@ -1,14 +1,18 @@
 // MoE dispatch on the GPU: the host executor's protocol (native/src/backends/host/moe.cc) with the same
 // slots, encodings and receive order, and bit-identical outputs.
 //
-// rf_dispatch_notify (one block): from topk_idx, each token's destination ranks, each token's index
-//   among the tokens sent to a rank (a block-wide prefix sum, no atomics), and per-expert counts;
-//   the counts go as signals (payload = count, then the op's sequence number, release) into every
-//   receiver's workspace (expert_count, then rank_count); then it waits for every peer's counts in
-//   its own workspace, keeps them in the state, mirrors the raw slot words into mapped host memory
-//   for the CPU-sync wait (0 = not yet), and signals `enter` to every peer carrying the first output
-//   row of that peer's tokens in this rank's buffer (its payload; the host executor ignores it).
-//   An expert id outside [-1, numExperts) is dropped (as -1) and reported in the Control block.
+// rf_dispatch_notify (one block of 1024 threads up to 1024 tokens, else a block per ~256 tokens up to
+//   the rank's share of the SMs): each block routes a contiguous run of tokens (destination ranks,
+//   topk copies, counts per expert and per destination, the first bad id); several blocks leave
+//   these in a scratch after the routing and meet at a grid-wide barrier. A token's index among the
+//   tokens sent to a rank is the earlier blocks' and warps' counts plus a ballot in its warp. Block 0
+//   alone adds the counts up and speaks to the peers: the counts go as signals (payload = count, then
+//   the op's sequence number, release) into every receiver's workspace (expert_count, then
+//   rank_count); then it waits for every peer's counts in its own workspace, keeps them in the state,
+//   mirrors the raw slot words into mapped host memory for the CPU-sync wait (0 = not yet), and
+//   signals `enter` to every peer carrying the first output row of that peer's tokens in this rank's
+//   buffer (its payload; the host executor ignores it). No other block waits on a peer. An expert id
+//   outside [-1, numExperts) is dropped (as -1); the first one is reported in the Control block.
 // rf_dispatch_data (num_sms blocks): waits for every receiver's enter (and learns its offset), then a
 //   warp per token (per part of its row, when the grid has more warps than tokens) loads the row once
 //   (16-byte vectors) and stores it straight into every receiver's
@@ -24,15 +28,17 @@ using namespace rankflow::kernels;
 
 namespace {
 constexpr int kNotifyThreads = 1024;
+constexpr int kNotifyWarps = kNotifyThreads / kWarpSize;
 constexpr int kUnroll = 8;  // 16-byte loads in flight per lane before the stores
 }  // namespace
 
-// Dynamic shared memory: num_tokens uint64 masks, num_experts ints, num_experts bytes.
+// Dynamic shared memory: a uint64 mask per token of the block's run, num_experts ints, num_experts bytes.
 extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(const NotifyArgs args) {
   extern __shared__ uint64_t smem[];
   __shared__ uint64_t peers[kMaxRanks];
-  __shared__ int warp_sums[32];
-  __shared__ int send_cnt[kMaxRanks];
+  __shared__ int warp_cnt[kNotifyWarps][kMaxRanks];  // per warp and destination: its tokens, then the earlier warps'
+  __shared__ int base[kMaxRanks];                    // per destination: the earlier blocks' tokens
+  __shared__ int send_cnt[kMaxRanks];                // per destination: the block's tokens (block 0: then the grid's)
   __shared__ int recv_cnt[kMaxRanks];
   __shared__ int recv_off[kMaxRanks + 1];
   __shared__ long long bad_at;
@@ -42,12 +48,15 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   const int W = a.world, K = m.topk, E = m.num_experts, epr = m.experts_per_rank, rank = a.rank;
   const int tid = int(threadIdx.x), nt = int(blockDim.x);
   const int lane = tid & 31, warp = tid >> 5, nwarps = nt >> 5;
-  const int T = int(args.num_tokens);
+  const int G = int(gridDim.x), blk = int(blockIdx.x), T = int(args.num_tokens);
+  const int run = int(notify_block_tokens(T, G));
+  const int t0 = min(T, blk * run), ntok = min(T, t0 + run) - t0;  // this block's tokens: [t0, t0 + ntok)
   const uint64_t seq = op_seq(a);
-  uint64_t* masks = smem;                                        // [T]
-  int* expert_cnt = reinterpret_cast<int*>(smem + T);            // [E]
+  uint64_t* masks = smem;                                        // [run]: token t0 + i at i
+  int* expert_cnt = reinterpret_cast<int*>(smem + run);          // [E]
   uint8_t* owner = reinterpret_cast<uint8_t*>(expert_cnt + E);   // [E]: each expert's rank (W <= 64)
   for (int p = tid; p < W; p += nt) peers[p] = a.peers[p];
+  for (int p = tid; p < W; p += nt) base[p] = 0;
   for (int e = tid; e < E; e += nt) {
     expert_cnt[e] = 0;
     owner[e] = uint8_t(e / epr);  // once per expert: a division per topk entry was most of the routing's instructions
@@ -60,7 +69,8 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   const int32_t* topk_idx = args.topk_idx;
   int32_t* keep_idx = args.keep_idx;
   const bool vec8 = K == 8 && (reinterpret_cast<uintptr_t>(topk_idx) & 15) == 0 && (reinterpret_cast<uintptr_t>(keep_idx) & 15) == 0;
-  for (int t = tid; t < T; t += nt) {
+  for (int i = tid; i < ntok; i += nt) {
+    const int t = t0 + i;
     int ids[8];
     const int32_t* row = topk_idx + int64_t(t) * K;
     if (vec8) {  // the common case: two 16-byte loads in flight at once
@@ -92,75 +102,121 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
         count(e, k);
       }
     }
-    masks[t] = mask;
+    masks[i] = mask;
     st.dest_mask[t] = mask;
   }
-  // The weights' copy (16-byte vectors where both ends allow them).
+  // The weights' copy, spread over the grid (16-byte vectors where both ends allow them).
   if (args.keep_weights != nullptr) {
-    const int64_t n = int64_t(T) * K;
+    const int64_t n = int64_t(T) * K, first = int64_t(blk) * nt + tid, stride = int64_t(G) * nt;
     const float* w = args.topk_weights;
     float* keep = args.keep_weights;
     if (n % 4 == 0 && ((reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(keep)) & 15) == 0) {
-      for (int64_t i = tid; i < n / 4; i += nt) reinterpret_cast<int4*>(keep)[i] = __ldg(reinterpret_cast<const int4*>(w) + i);
+      for (int64_t i = first; i < n / 4; i += stride) reinterpret_cast<int4*>(keep)[i] = __ldg(reinterpret_cast<const int4*>(w) + i);
     } else {
-      for (int64_t i = tid; i < n; i += nt) keep[i] = __ldg(w + i);
+      for (int64_t i = first; i < n; i += stride) keep[i] = __ldg(w + i);
     }
   }
   __syncthreads();
-  if (tid == 0 && bad_at >= 0) report_bad(a.ctl, seq, bad_at, topk_idx[bad_at]);
-  const int chunk = (T + nt - 1) / nt;
-  const int t0 = min(T, tid * chunk), t1 = min(T, t0 + chunk);
 
-  // 2. Counts into every receiver's workspace: the expert counts, then the rank count (whose release
-  //    orders them before it). Receivers wait on every slot by sequence, as the host does.
-  for (int i = tid; i < W * epr; i += nt) {
-    const int p = i / epr, e = i % epr;
-    signal(reinterpret_cast<uint64_t*>(peers[p] + uint64_t(a.ws.expert_slot(rank, e))), seq, uint64_t(expert_cnt[p * epr + e]));
-  }
-  // Per destination, each token's index among the tokens sent there: an exclusive scan over the
-  // contiguous chunks (thread order = token order).
-  for (int p = 0; p < W; ++p) {
-    int c = 0;
-    for (int t = t0; t < t1; ++t) c += int((masks[t] >> p) & 1);
-    int incl = c;
+  // Per destination, each token's index among the tokens sent there, in token order. Each warp takes
+  // a contiguous run of the block's tokens (warp order = token order), `tps` tokens a step: `lpt`
+  // lanes per token, lane p0 of a token for destination p0 (and p0 + 32), so a step's slots are one
+  // coalesced store. Ballots count each destination's tokens per warp, a scan over the warps follows
+  // (then, with several blocks, the blocks' counts), and a second pass writes the slots.
+  const int lpt = W >= kWarpSize ? kWarpSize : 1 << (32 - __clz(W - 1));  // W rounded up to a power of 2
+  const int tps = kWarpSize / lpt, j = lane / lpt, p0 = lane % lpt;
+  const unsigned same = (lpt == kWarpSize ? 1u : 0xffffffffu / ((1u << lpt) - 1u)) << p0;  // the lanes of p0
+  const unsigned below = (1u << lane) - 1u;
+  const int per = (ntok + nwarps - 1) / nwarps;
+  const int w0 = min(ntok, warp * per), w1 = min(ntok, w0 + per);
+  int pos[2] = {0, 0};  // the lane's destinations p0 and p0 + 32: their tokens so far
+  auto walk = [&](bool write) {
+    for (int i = w0; i < w1; i += tps) {
+      const int t = i + j;
+      const uint64_t mk = t < w1 ? masks[t] : 0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int p = p0 + h * kWarpSize;
+        if (h == 1 && W <= kWarpSize) break;
+        const bool bit = (mk >> p) & 1;
+        const unsigned v = __ballot_sync(0xffffffffu, bit) & same;
+        if (write && t < w1 && p < W) st.send_slot[int64_t(t0 + t) * W + p] = bit ? pos[h] + __popc(v & below) : -1;
+        pos[h] += __popc(v);
+      }
+    }
+  };
+  walk(false);
+  for (int h = 0; h < 2; ++h)
+    if (lane < lpt && p0 + h * kWarpSize < W) warp_cnt[warp][p0 + h * kWarpSize] = pos[h];
+  __syncthreads();
+  for (int p = warp; p < W; p += nwarps) {
+    const int v = lane < nwarps ? warp_cnt[lane][p] : 0;
+    int incl = v;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
-      const int v = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += v;
+      const int u = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += u;
     }
-    if (lane == 31) warp_sums[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-      const int v = lane < nwarps ? warp_sums[lane] : 0;
-      int sum = v;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int u = __shfl_up_sync(0xffffffffu, sum, d);
-        if (lane >= d) sum += u;
-      }
-      if (lane < nwarps) warp_sums[lane] = sum - v;
-      if (lane == 31) send_cnt[p] = sum;
+    if (lane < nwarps) warp_cnt[lane][p] = incl - v;
+    if (lane == 31) send_cnt[p] = incl;
+  }
+  __syncthreads();
+  // Several blocks: each leaves its counts and its first bad id in the scratch and meets the others
+  // at the grid's barrier; then block 0 adds the other blocks' to its own (the rank's), and every
+  // other block adds up those of the blocks before it (its tokens' first slot per destination).
+  bool synced = true;
+  if (G > 1) {
+    const NotifyScratch sl = NotifyScratch::make(args.scratch_blocks, W, E);
+    auto* blk_bad = reinterpret_cast<long long*>(args.scratch + sl.bad);
+    auto* blk_send = reinterpret_cast<int32_t*>(args.scratch + sl.send_count);
+    auto* blk_expert = reinterpret_cast<int32_t*>(args.scratch + sl.expert_count);
+    for (int p = tid; p < W; p += nt) blk_send[blk * W + p] = send_cnt[p];
+    for (int e = tid; e < E; e += nt) blk_expert[int64_t(blk) * E + e] = expert_cnt[e];
+    if (tid == 0) blk_bad[blk] = bad_at;
+    synced = grid_barrier(a, kPhaseNotify);
+    if (synced && blk == 0) {
+      add_rows(send_cnt, blk_send, W, 1, G);
+      add_rows(expert_cnt, blk_expert, E, 1, G);
+      for (int g = 1 + tid; g < G; g += nt)
+        if (blk_bad[g] >= 0) atomicMin(reinterpret_cast<unsigned long long*>(&bad_at), (unsigned long long)blk_bad[g]);
+    } else if (synced) {
+      add_rows(base, blk_send, W, 0, blk);
     }
     __syncthreads();
-    int pos = warp_sums[warp] + incl - c;
-    for (int t = t0; t < t1; ++t) st.send_slot[int64_t(t) * W + p] = ((masks[t] >> p) & 1) ? pos++ : -1;
-    __syncthreads();  // warp_sums is reused by the next destination
   }
-  if (tid < W) {
-    __threadfence_system();  // the expert counts (stored before the barrier above) come first
-    signal(slot_at(peers[tid], a.ws, a.ws.rank_count, rank), seq, uint64_t(send_cnt[tid]));
-    st.send_count[tid] = send_cnt[tid];
+  if (blk == 0 && synced) {
+    if (tid == 0 && bad_at >= 0) report_bad(a.ctl, seq, bad_at, topk_idx[bad_at]);
+    // 2. Counts into every receiver's workspace: the expert counts, then the rank count (whose release
+    //    orders them before it). Receivers wait on every slot by sequence, as the host does.
+    for (int i = tid; i < W * epr; i += nt) {
+      const int p = i / epr, e = i % epr;
+      signal(reinterpret_cast<uint64_t*>(peers[p] + uint64_t(a.ws.expert_slot(rank, e))), seq, uint64_t(expert_cnt[p * epr + e]));
+    }
+    __syncthreads();
+    if (tid < W) {
+      __threadfence_system();  // the expert counts (stored before the barrier above) come first
+      signal(slot_at(peers[tid], a.ws, a.ws.rank_count, rank), seq, uint64_t(send_cnt[tid]));
+    }
   }
+  if (synced) {  // the slots (a block that gave up at the grid's barrier has no first slots)
+    for (int h = 0; h < 2; ++h) {
+      const int p = p0 + h * kWarpSize;
+      pos[h] = p < W ? base[p] + warp_cnt[warp][p] : 0;
+    }
+    walk(true);
+  }
+  if (blk != 0) return;  // the other blocks never wait on a peer
+  for (int p = tid; p < W; p += nt) st.send_count[p] = synced ? send_cnt[p] : 0;
   __syncthreads();  // expert_cnt is reused below
 
   // 3. Every peer's counts, from my workspace (a device wait).
   const uint64_t mine = peers[rank];
   for (int e = tid; e < epr; e += nt) expert_cnt[e] = 0;
   uint64_t* mirror = args.host_counts;
-  bool ok = true;
+  bool ok = synced;
   if (tid < W) {
     uint64_t n = 0;
-    ok = wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseNotify, tid, &n);
+    ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseNotify, tid, &n);
     recv_cnt[tid] = ok ? int(n) : 0;
   }
   ok = __syncthreads_and(ok);
