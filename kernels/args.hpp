@@ -203,7 +203,37 @@ struct CombineOut {
   float* topk_weights = nullptr;         // [T, topk]
 };
 
-// rf_dispatch_notify (one block): routing and counts; mirrors the peers' counts into host_counts.
+// rf_dispatch_notify's grid: the tokens of each block (a contiguous run; the last blocks may get fewer).
+RF_HD int64_t notify_block_tokens(int64_t num_tokens, int64_t blocks) {
+  return blocks > 0 ? (num_tokens + blocks - 1) / blocks : num_tokens;
+}
+
+// What each block of a multi-block rf_dispatch_notify tells the others, in device memory (after the
+// routing's topk copies): its row is written before the grid's barrier and read after it. A grid of
+// one block needs none.
+struct NotifyScratch {
+  int64_t blocks = 0;
+  int64_t bad = 0;           // [blocks] int64: the block's smallest flat index of a bad expert id, or -1
+  int64_t send_count = 0;    // [blocks][W] int32: the block's tokens per destination rank
+  int64_t expert_count = 0;  // [blocks][num_experts] int32: the block's topk entries per expert
+  int64_t bytes = 0;
+
+  RF_HD static NotifyScratch make(int64_t blocks, int32_t world, int32_t num_experts) {
+    NotifyScratch l;
+    if (blocks <= 1) return l;
+    const int64_t a = kRegionAlignment;
+    int64_t off = 0;
+    l.blocks = blocks;
+    l.bad = off;          off = align_up(off + blocks * 8, a);
+    l.send_count = off;   off = align_up(off + blocks * world * 4, a);
+    l.expert_count = off; off = align_up(off + blocks * num_experts * 4, a);
+    l.bytes = off;
+    return l;
+  }
+};
+
+// rf_dispatch_notify (one block, or a grid over the tokens): routing and counts; mirrors the peers'
+// counts into host_counts.
 struct NotifyArgs {
   RankArgs r;
   MoeShape m;
@@ -218,6 +248,10 @@ struct NotifyArgs {
   int64_t num_tokens = 0;
   uint64_t* host_counts = nullptr;       // mapped host memory, host_counts_words() words, or null
   uint64_t fingerprint = 0;              // the layout's: the tag of the `enter` signals
+  // NotifyScratch::make(scratch_blocks, ...) bytes, or null: the grid has at most scratch_blocks
+  // blocks (one without scratch).
+  uint8_t* scratch = nullptr;
+  int64_t scratch_blocks = 1;
 };
 
 // rf_dispatch_data: with `announce` (a cached dispatch: no notify ran for this seq) block 0 sends the

@@ -183,6 +183,63 @@ __device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) {
   return true;
 }
 
+// A barrier of the whole grid, whose blocks must be resident at once (a cooperative launch, or a grid
+// of Launcher::grid_for's size): it returns in every block once every block has called it, with what
+// each block stored before it visible to all of them (the block's barrier, a GPU-scope fence by its
+// first thread, the arrival; a fence after the wait). It counts on arrivals[0], as last_block_arrived
+// does, so a kernel calls one of them, once: arrivals in the low 16 bits (grids below 65536 blocks),
+// departures in the high ones, so a block that gave up and left early passes nobody through; the last
+// to leave zeroes the word for the next launch on the stream. Bounded like a signal wait: false when
+// it gave up (the rank's give-up flag or abort words, or a.timeout_ns, which records the Diagnostic
+// naming `phase` and this rank); the word still ends at zero, and the caller must drop what the
+// barrier guarded. Every thread of a block gets the same answer.
+__device__ __forceinline__ bool grid_barrier(const RankArgs& a, Phase phase) {
+  __shared__ bool passed;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int* count = a.arrivals;
+    const volatile unsigned int* seen = count;
+    const unsigned int n = gridDim.x;
+    bool ok = true;
+    __threadfence();
+    atomicAdd(count, 1u);
+    if ((*seen & 0xffffu) < n) {
+      const uint64_t start = globaltimer_ns();
+      uint64_t next_check = start + kGiveUpCheckNs;
+      while (ok && (*seen & 0xffffu) < n) {
+        const uint64_t now = globaltimer_ns();
+        if (now >= next_check) {
+          ok = !should_give_up(a);
+          next_check = now + kGiveUpCheckNs;
+        }
+        if (ok && now - start > a.timeout_ns) {
+          record_timeout(a.ctl, phase, a.rank, *seen & 0xffffu);
+          ok = false;
+        }
+      }
+      if (!ok) mark_gave_up(a);
+    }
+    __threadfence();  // acquire the other blocks' stores (their fences came before their arrival)
+    passed = ok;
+    if (atomicAdd(count, 0x10000u) == ((n - 1) << 16) + n) *count = 0;  // the last to leave
+  }
+  __syncthreads();
+  return passed;
+}
+
+// dst[c] += the sum of src[g * cols + c] over the rows g in [lo, hi), by the whole block: several
+// threads per column when there are fewer columns than threads (their sums meet in shared atomics).
+__device__ __forceinline__ void add_rows(int* dst, const int32_t* src, int cols, int lo, int hi) {
+  const int nt = int(blockDim.x);
+  const int parts = max(1, min(hi - lo, nt / max(1, cols)));
+  for (int i = int(threadIdx.x); i < cols * parts; i += nt) {
+    const int c = i % cols;
+    int s = 0;
+    for (int g = lo + i / cols; g < hi; g += parts) s += src[int64_t(g) * cols + c];
+    if (s != 0) atomicAdd(&dst[c], s);
+  }
+}
+
 // Rows of a small batch in chunks: when there are more warps than rows, a row's 16-byte loads run
 // side by side in several warps (work item = row * chunks + chunk) instead of one step after another
 // in one warp (a 128-token op is latency-bound otherwise). With no more warps than rows, one chunk

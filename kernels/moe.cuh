@@ -1,4 +1,4 @@
-// Helpers shared by the MoE kernels (dispatch.cu, combine.cu): the windows' buffer regions.
+// Helpers shared by the MoE kernels (notify.cu, dispatch.cu, combine.cu): the windows' buffer regions.
 #pragma once
 
 #include "common.cuh"

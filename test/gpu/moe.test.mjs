@@ -2,7 +2,8 @@
 // same inputs (the host executor is the reference), in every layout the machine has: 2 and 4 ranks
 // sharing GPU 0, and one rank per GPU where there are two. Driver mode (host tensors staged through
 // device memory) and rank programs with device-resident tensors; the kernels complete while other
-// work holds most SMs; mismatched handles and bad expert ids come back as EINVAL.
+// work holds most SMs; mismatched handles and bad expert ids come back as EINVAL. Above 1024 tokens
+// the notify kernel runs as a grid of blocks: the same checks at up to 3000 tokens per rank.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
@@ -272,6 +273,60 @@ for (const layout of layouts([2, 4])) {
       await cuda.barrier();
       const [c, hh] = await bothDispatch(inputs(17, tokens), 'after the bad id');
       await bothCombine(c, hh, 18, {}, 'after the bad id');
+    });
+  });
+}
+
+// Above 1024 tokens a rank's notify kernel is a grid of blocks meeting at a barrier (kernels/dispatch.cu):
+// runs of tokens that split unevenly over the blocks, a rank with none, and bad ids in later blocks.
+const BIG_BUFFER = { ...MOE_BUFFER, maxTokensPerRank: 3000 };
+const BIG_TOKENS = { 2: [3000, 1777], 4: [3000, 1777, 0, 1025] };
+
+for (const layout of layouts([2, 4])) {
+  const W = layout.ranks;
+  const tokens = BIG_TOKENS[W];
+  const program = (name) => new URL(`./programs/${name}`, import.meta.url);
+
+  describe(`a multi-block dispatch notify equals the host executor: ${layout.name}`, () => {
+    let cuda;
+    let host;
+    before(async () => {
+      cuda = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: BIG_BUFFER });
+      host = await createGroup({ backend: 'host', ranks: W, buffer: BIG_BUFFER });
+    });
+    after(async () => {
+      await cuda?.destroy();
+      await host?.destroy();
+    });
+
+    test(`bf16 top-8 of 256 at ${tokens.join('/')} tokens, then cached with new weights, then combine`, async () => {
+      const ins = inputs(31, tokens);
+      const [c, h] = [await cuda.dispatch(ins), await host.dispatch(ins)];
+      sameDispatch(c, h, 'multi-block');
+      const again = (res) => inputs(32, tokens).map((i, r) => ({ x: i.x, handle: res[r].handle, topkWeights: i.topkWeights }));
+      const [kc, kh] = [await cuda.dispatch(again(c)), await host.dispatch(again(h))];
+      sameDispatch(kc, kh, 'multi-block, cached');
+      const mk = (res) => res.map((d, r) => ({ x: tensor('bf16', [d.x.shape[0], hidden], combineInput(33, r, d.x.shape[0]).x), handle: d.handle }));
+      const [gc, gh] = [await cuda.combine(mk(kc)), await host.combine(mk(kh))];
+      gh.forEach((w, r) => {
+        same(gc[r].x.data, w.x.data, `multi-block combine x, rank ${r}`);
+        same(gc[r].topkWeights, w.topkWeights, `multi-block combine weights, rank ${r}`);
+      });
+    });
+
+    test('every token to one expert: rank 0 receives everything', async () => {
+      const ins = inputs(34, tokens, { routing: 'one' });
+      const [c, h] = [await cuda.dispatch(ins), await host.dispatch(ins)];
+      sameDispatch(c, h, 'multi-block, one expert');
+      assert.equal(c[0].x.shape[0], tokens.reduce((a, b) => a + b, 0));
+    });
+
+    test('bad expert ids in two later blocks of rank 0: the first slot is the one reported; the group goes on', async () => {
+      const res = await cuda.run(program('moe-bad-id.mjs'), { tokens, bad: [[23201, -7], [12002, 999]] });
+      assert.ok(res.some((o) => o.code === 'EINVAL' && /topkIdx\[12002\]: 999 is outside \[0, 256\)/.test(o.message)), JSON.stringify(res));
+      await cuda.barrier();
+      const ins = inputs(35, tokens);
+      sameDispatch(await cuda.dispatch(ins), await host.dispatch(ins), 'multi-block, after the bad ids');
     });
   });
 }

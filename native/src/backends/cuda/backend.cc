@@ -87,6 +87,7 @@ void CudaBackend::create() {
   const EpConfig& ep = c_.cfg.ep;
   state_layout_ = kargs::MoeStateLayout::make(world(), ep.max_tokens_per_rank, ep.topk, c_.experts_per_rank());
   topk_bytes_ = align_up(std::max<int64_t>(1, ep.max_tokens_per_rank * ep.topk * 4), kRegionAlignment);
+  notify_scratch_ = kargs::NotifyScratch::make(launch_->notify_blocks(ep.max_tokens_per_rank), world(), int32_t(ep.num_experts));
   RF_CU(cuStreamSynchronize, stream_);
 }
 

@@ -199,6 +199,7 @@ class CudaBackend final : public Backend {
   void time_end();
   int64_t topk_bytes_ = 0;
   kargs::MoeStateLayout state_layout_;
+  kargs::NotifyScratch notify_scratch_;  // after the topk copies in each routing block
   // graphs
   struct Graph {
     CUgraph graph = nullptr;

@@ -11,6 +11,11 @@ namespace rankflow::cuda {
 namespace {
 
 constexpr int kNotifyThreads = 1024;  // rf_dispatch_notify's __launch_bounds__
+// rf_dispatch_notify's grid: one block up to a token per thread (a decode batch pays no grid barrier);
+// above that, a block per kNotifyBlockTokens tokens, up to the rank's share of the SMs: one SM moving
+// every token's topk, copies, masks and slots was the kernel's bottleneck (20.7 us at 4096 tokens).
+constexpr int64_t kNotifyOneBlockTokens = 1024;
+constexpr int64_t kNotifyBlockTokens = 256;
 constexpr int kDataThreads = 512;     // rf_dispatch_data's and rf_combine's
 constexpr int kCopyThreads = 256;     // rf_all_gather's and rf_put's
 constexpr int kSignalThreads = kMaxRanks;
@@ -94,6 +99,12 @@ void Launcher::all_gather(CUstream s, const kargs::AllGatherArgs& a) const {
   launch(k_.all_gather, "allGather", grid_for(k_.all_gather, kCopyThreads, 0, std::max(1, want)), kCopyThreads, 0, s, a, true);
 }
 
+int Launcher::notify_blocks(int64_t tokens) const {
+  if (tokens <= kNotifyOneBlockTokens) return 1;
+  const int64_t wanted = (tokens + kNotifyBlockTokens - 1) / kNotifyBlockTokens;
+  return int(std::min<int64_t>(std::max(1, sm_count_ / share_), wanted));
+}
+
 void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
   check_moe(a.r, a.m, "dispatch notify");
   RF_CUDA_REQUIRE(a.num_tokens >= 0 && a.num_tokens <= a.m.max_tokens,
@@ -101,17 +112,29 @@ void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
                       std::to_string(a.m.max_tokens) + ")");
   RF_CUDA_REQUIRE(a.num_tokens == 0 || a.topk_idx != nullptr, "dispatch notify: no topkIdx.");
   RF_CUDA_REQUIRE(a.keep_weights == nullptr || a.topk_weights != nullptr, "dispatch notify: a weights copy without topkWeights.");
-  // Shared memory: a routing mask per token, then a count and the owning rank per expert.
-  const int64_t smem = a.num_tokens * 8 + int64_t(a.m.num_experts) * 5;
+  // Shared memory per block: a routing mask per token of its run, then a count and the owning rank per
+  // expert. The blocks meet at a grid-wide barrier: no more than can be resident at once, nor than the
+  // layout's scratch has rows for.
+  const int64_t T = a.num_tokens, E = a.m.num_experts;
   constexpr int64_t kMaxSmem = 200 * 1024;
-  RF_CUDA_REQUIRE(smem <= kMaxSmem, "dispatch notify: " + std::to_string(a.num_tokens) + " tokens and " +
-                                        std::to_string(a.m.num_experts) +
-                                        " experts need more shared memory than one block has; use fewer tokens per "
-                                        "dispatch (maxTokensPerRank up to about 24000).");
+  auto smem_for = [&](int blocks) { return kargs::notify_block_tokens(T, blocks) * 8 + E * 5; };
+  int blocks = a.scratch != nullptr ? int(std::min<int64_t>(notify_blocks(T), a.scratch_blocks)) : 1;
+  while (blocks > 1) {
+    const int fit = grid_for(k_.notify, kNotifyThreads, int(std::min(smem_for(blocks), kMaxSmem)), blocks);
+    if (fit == blocks) break;
+    blocks = fit;
+  }
+  const int64_t smem = smem_for(blocks);
+  RF_CUDA_REQUIRE(smem <= kMaxSmem, "dispatch notify: " + std::to_string(T) + " tokens (" +
+                                        std::to_string(kargs::notify_block_tokens(T, blocks)) + " in each of " +
+                                        std::to_string(blocks) + " blocks) and " + std::to_string(E) +
+                                        " experts (numExperts) need more shared memory than a block has (8 bytes per "
+                                        "token, 5 per expert, 200 KiB); use fewer tokens per dispatch "
+                                        "(buffer.maxTokensPerRank) or fewer experts.");
   if (smem > 48 * 1024)
     RF_CU_FOR("dispatch notify shared memory", cuFuncSetAttribute, k_.notify, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
               int(smem));
-  launch(k_.notify, "dispatch notify", 1, kNotifyThreads, int(smem), s, a, false);
+  launch(k_.notify, "dispatch notify", blocks, kNotifyThreads, int(smem), s, a, blocks > 1);
 }
 
 void Launcher::dispatch_data(CUstream s, const kargs::DispatchArgs& a, int num_sms) const {

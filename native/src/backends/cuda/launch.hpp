@@ -29,6 +29,9 @@ class Launcher {
 
   void barrier(CUstream s, const kargs::BarrierArgs& a) const;
   void all_gather(CUstream s, const kargs::AllGatherArgs& a) const;
+  // The most blocks rf_dispatch_notify's grid takes for `tokens` tokens (the rows of scratch a
+  // layout's routing needs: kargs::NotifyScratch); the launch may take fewer.
+  int notify_blocks(int64_t tokens) const;
   void dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const;
   void dispatch_data(CUstream s, const kargs::DispatchArgs& a, int num_sms) const;
   // send_blocks < 0: a third of the grid sends, the rest reduces (split mode; 0 = not split).

@@ -1,5 +1,5 @@
 // MoE dispatch and combine on GPUs: the host executor's steps (backends/host/moe.cc) on the kernels of
-// kernels/dispatch.cu and combine.cu:
+// kernels/notify.cu, dispatch.cu and combine.cu:
 //   notify  rf_dispatch_notify: routing into the layout's device state, counts into every peer, the
 //           peers' counts mirrored into mapped host memory
 //   counts  the CPU-sync wait: a spin on that mirror (cpuSeconds -> TIMEOUT_CPU naming the rank and
@@ -60,8 +60,9 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
   const size_t tk = size_t(T * K * 4);
   auto st = std::make_unique<CudaLayout>();
   translating(rank(), [&] {
-    st->routing = std::make_shared<DeviceBlock>(pool_, align_up(state_layout_.routing_bytes, kRegionAlignment) + 2 * topk_bytes_,
-                                                "dispatch routing");
+    // The routing state, the topk copies, then the notify grid's scratch (used inside the kernel only).
+    st->routing = std::make_shared<DeviceBlock>(
+        pool_, align_up(state_layout_.routing_bytes, kRegionAlignment) + 2 * topk_bytes_ + notify_scratch_.bytes, "dispatch routing");
     st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
     st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
     st->weights = st->idx + CUdeviceptr(topk_bytes_);
@@ -90,6 +91,10 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     a.num_tokens = T;
     a.host_counts = reinterpret_cast<uint64_t*>(counts_dev_);
     a.fingerprint = l.fingerprint;
+    if (notify_scratch_.bytes > 0) {
+      a.scratch = reinterpret_cast<uint8_t*>(st->weights + CUdeviceptr(topk_bytes_));
+      a.scratch_blocks = notify_scratch_.blocks;
+    }
     launch_->dispatch_notify(stream_, a);
   });
   l.state = std::move(st);
