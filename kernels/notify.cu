@@ -177,17 +177,17 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   }
   if (blk == 0 && synced) {
     if (tid == 0 && bad_at >= 0) report_bad(a.ctl, seq, bad_at, topk_idx[bad_at]);
-    // 2. Counts into every receiver's workspace: the expert counts, then the rank count (whose release
-    //    orders them before it). Receivers wait on every slot by sequence, as the host does.
+    // 2. Counts into every receiver's workspace: the expert counts (relaxed), then the rank count,
+    //    whose release (after the block's barrier) orders them all before it.
+    //    Receivers acquire the rank counts first, then read every expert slot, as the host does.
     for (int i = tid; i < W * epr; i += nt) {
       const int p = i / epr, e = i % epr;
-      signal(reinterpret_cast<uint64_t*>(peers[p] + uint64_t(a.ws.expert_slot(rank, e))), seq, uint64_t(expert_cnt[p * epr + e]));
+      signal_relaxed(reinterpret_cast<uint64_t*>(peers[p] + uint64_t(a.ws.expert_slot(rank, e))), seq,
+                     uint64_t(expert_cnt[p * epr + e]));
     }
     __syncthreads();
-    if (tid < W) {
-      __threadfence_system();  // the expert counts (stored before the barrier above) come first
+    if (tid < W)  // its release is cumulative over the expert counts the block's barrier ordered before it
       signal(slot_at(peers[tid], a.ws, a.ws.rank_count, rank), seq, uint64_t(send_cnt[tid]));
-    }
   }
   if (synced) {  // the slots (a block that gave up at the grid's barrier has no first slots)
     for (int h = 0; h < 2; ++h) {
@@ -224,11 +224,14 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   //    this op, from row recv_off[tid] on. Nothing is announced by a rank that gave up.
   if (ok && tid < W) signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, uint64_t(recv_off[tid]), args.fingerprint);
   // 5. The state, and the host mirror (rank counts last: once the CPU sees them, it sees the rest).
+  //    Every peer's rank count was acquired above (then the block's barrier): its expert counts are
+  //    visible, and a relaxed load reads them (a wait only if one is not there, which would be a bug).
   for (int i = tid; ok && i < W * epr; i += nt) {
     const int p = i / epr, e = i % epr;
     const uint64_t* slot = reinterpret_cast<const uint64_t*>(mine + uint64_t(a.ws.expert_slot(p, e)));
     uint64_t n = 0;
-    if (!wait_signal(slot, seq, a, kPhaseNotify, p, &n)) break;
+    if (seq_reached(ld_relaxed_sys(slot + kSignalSeqWord), seq)) n = ld_relaxed_sys(slot + kSignalPayloadWord);
+    else if (!wait_signal(slot, seq, a, kPhaseNotify, p, &n)) break;
     atomicAdd(&expert_cnt[e], int(n));
     if (mirror != nullptr) {
       mirror[2 * (W + i) + 1] = n;
@@ -245,11 +248,9 @@ extern "C" __global__ void __launch_bounds__(kNotifyThreads) rf_dispatch_notify(
   }
   for (int e = tid; e < epr; e += nt) st.tokens_per_expert[e] = ok ? expert_cnt[e] : 0;
   if (!ok || mirror == nullptr) return;
-  __syncthreads();  // the state above comes first: each writer below fences (cumulative over the barrier)
+  __syncthreads();  // the state above comes first: each release below is cumulative over the barrier
   if (tid < W) {
     mirror[2 * tid + 1] = uint64_t(recv_cnt[tid]);
-    __threadfence_system();
-    mirror[2 * tid] = seq;
-    __threadfence_system();
+    st_release_sys(mirror + 2 * tid, seq);
   }
 }

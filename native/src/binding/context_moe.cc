@@ -30,6 +30,7 @@ Napi::Value ContextWrap::Dispatch(const Napi::CallbackInfo& info) {
   in.handle = uint32_t(int_arg(info[7], "handle", 0, UINT32_MAX));
   in.num_sms = int(int_arg(info[8], "numSms", 0, 1 << 16));
   p->mode = int(int_arg(info[9], "mode", 0, 2));
+  in.cpu_sync = p->mode != 2;
   const int64_t T = in.num_tokens, K = ep.topk, H = ep.hidden;
   const bool device = p->mode != 0;
   auto tensor = [&](int i, const char* name, int64_t bytes) {

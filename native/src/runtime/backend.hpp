@@ -47,6 +47,7 @@ struct DispatchInput {
   int64_t expert_alignment = 1;
   uint32_t handle = 0;          // a previous dispatch's layout: its routing, no notify, no CPU sync
   int num_sms = 0;              // cuda: blocks of the data kernel (0 = the rank's share of the GPU)
+  bool cpu_sync = true;         // the host will wait for the counts (dispatch_counts); cuda: notify mirrors them
 };
 
 // Where the outputs go. in_buffer: they stay in the receive buffer (cuda, no CPU sync), and the

@@ -52,6 +52,7 @@ struct CudaLayout final : LayoutState {
   std::shared_ptr<DeviceBlock> routing, recv;
   CUdeviceptr idx = 0, weights = 0;  // inside routing: [maxT * K] int32, [maxT * K] fp32
   bool cached = false;               // made from a handle: the data kernel announces `enter` itself
+  bool mirrored = false;             // its notify mirrored the counts into mapped host memory
 };
 
 class CudaBackend final : public Backend {

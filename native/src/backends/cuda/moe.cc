@@ -89,7 +89,10 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     a.m = moe_shape();
     a.st = state_of(*st);
     a.num_tokens = T;
-    a.host_counts = reinterpret_cast<uint64_t*>(counts_dev_);
+    // Counts for the CPU only when it will wait for them: a dispatch without a CPU sync skips the
+    // mapped-memory writes and their system fences (~2 us of a notify).
+    a.host_counts = in.cpu_sync ? reinterpret_cast<uint64_t*>(counts_dev_) : nullptr;
+    st->mirrored = in.cpu_sync;
     a.fingerprint = l.fingerprint;
     if (notify_scratch_.bytes > 0) {
       a.scratch = reinterpret_cast<uint8_t*>(st->weights + CUdeviceptr(topk_bytes_));
@@ -115,6 +118,9 @@ void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
 }
 
 bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
+  RF_CHECK(layout_of(l).mirrored, "STATE",
+           "dispatch: its counts are unknown to the CPU (the dispatch that made its handle ran without a CPU sync); "
+           "dispatch with outputsInBuffer, or make the handle with a dispatch that syncs");
   const int W = world();
   const int64_t epr = c_.experts_per_rank();
   const uint64_t* words = counts_host_;
