@@ -10,8 +10,11 @@
 //   allGather : my part to my rail peers and theirs to me, into my staging slots in node order; then
 //               one all_gather kernel writes all N parts into every node peer's buffer (and mine), part
 //               k at rail peer k's flat slot (global rank * bytes), with the flat enter / done rounds.
-// Every frame carries a 16-byte header {op seq, bytes}, checked once the CPU has waited for the op:
-// nodes out of step fail the rank (RANK_FAILED), parts of other sizes are refused (EINVAL).
+// Every exchange carries a 16-byte header {op seq, bytes} each way, checked once the CPU has waited
+// for the op (a barrier, an allGather into host memory; an allGather into a device tensor is not
+// waited for, so its headers go unchecked): nodes out of step fail the rank (RANK_FAILED), parts of
+// other sizes are refused (EINVAL). NCCL itself matches a send only with a receive of the same size,
+// so parts of other sizes can hang the exchange first: then the GPU timeout ends it (TIMEOUT_GPU).
 // Everything else refuses here (check_runs) before the runtime moves: BACKEND_UNAVAILABLE.
 #include <cstring>
 
