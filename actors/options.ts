@@ -67,9 +67,6 @@ export function planGroup(opts: GroupOptions): GroupPlan {
   if (backend === 'cuda' && devices === undefined && size > gpus)
     throw invalid('ranks', `(${size}) exceeds the GPU count (${gpus}): backend 'cuda' runs one rank per GPU unless told otherwise; ` +
       `to share GPUs on purpose, name each rank's GPU, e.g. devices: [${Array.from({ length: size }, (_, r) => r % Math.max(1, gpus)).join(', ')}]`);
-  if (world !== undefined && Array.isArray(opts.devices) && new Set(opts.devices).size < opts.devices.length)
-    throw invalid('devices', 'names a GPU twice in a world: ranks may share a GPU only in a group of one process (no world), ' +
-      'since a world\'s cuda ranks need NCCL, which refuses two ranks on one GPU');
   const buffer = checkBufferConfig(opts.buffer, worldSize);
   const ranksPerNode = opts.ranksPerNode ?? worldSize;
   checkPositiveInt('ranksPerNode', ranksPerNode, worldSize);

@@ -1,14 +1,16 @@
 // Starting a group's ranks: where the group spans processes, the world meets first (its nodes decide
 // the ranks' domains); then one worker per local rank, each exporting its memory segments; the
 // segments are exchanged (fds within this process, through the rendezvous across processes), NCCL
-// communicators are made where the backend uses NCCL, the scale-out rails connect between nodes, and
-// every rank registers its peers' windows.
+// communicators are made where the backend uses NCCL (across nodes on cuda: one per rail, which is its
+// scale-out leg; world/nccl.ts), the host backend's scale-out rails connect between nodes, and every
+// rank registers its peers' windows.
 import { config } from './core/config.js';
 import { RankflowError } from './core/errors.js';
 import { ABORT, TRAFFIC, loadAddon, type ExportedSegments } from './core/addon.js';
 import type { Backend } from './core/backend.js';
 import type { BufferConfig } from './core/validate.js';
 import { exchangeSegments, meetWorld, worldWaitMs, type WorldOptions } from './world/join.js';
+import { ncclHostIdFor, railIds } from './world/nccl.js';
 import { connectScaleOut } from './world/scaleout.js';
 import type { Rendezvous } from './world/rendezvous.js';
 import type { RankInit } from '../workers/protocol.js';
@@ -37,13 +39,13 @@ export interface StartSite {
 
 /** Starts every local rank and registers the windows; resolves with the buffer's sizes as rank 0 reports them. */
 export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBytes: number; workspaceBytes: number; symmetricBytes: number }> {
-  // A world meets first: its nodes (by world.nodeId) decide the ranks' domains. Processes must not
-  // share a GPU (their kernels time-slice: one waiting for a peer would crawl): each says which GPUs
-  // its ranks use, and the world refuses a GPU named by two processes of a node.
+  // A world meets first: its nodes (by world.nodeId) decide the ranks' domains. Processes of a node
+  // must not share a GPU (their kernels time-slice: one waiting for a peer would crawl): each says
+  // which GPUs its ranks use, and the world refuses a GPU named by two processes of a node.
   const waitMs = g.world ? worldWaitMs(g.opts.timeouts?.cpuSeconds) : 0;
   const met = g.world ? await meetWorld(g.world, {
     config: JSON.stringify({ ...g.buffer, ranksPerNode: g.opts.ranksPerNode, backend: g.backend }),
-    withHost: (g.buffer.cpuBytes ?? 0) > 0, timeoutMs: waitMs, localRanks: g.size, backend: g.backend,
+    withHost: (g.buffer.cpuBytes ?? 0) > 0, timeoutMs: waitMs, localRanks: g.size,
     gpus: g.backend === 'cuda' ? localGpuIds(g.size, g.rankOffset, t.devices) : [],
     ...(g.opts.ranksPerNode !== undefined ? { ranksPerNode: g.opts.ranksPerNode } : {}),
     ...(g.signal ? { signal: g.signal } : {}),
@@ -55,10 +57,14 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
   if (met) g.watchWorld(met.rv);
   const ranksPerNode = met?.nodes.ranksPerNode ?? t.ranksPerNode;
   const scaleOut = (met?.nodes.count ?? 1) > 1;
-  // Ranks of this process that share a GPU split its SMs between them, and make no NCCL
-  // communicator: NCCL refuses two ranks on one GPU.
+  // Ranks of this process that share a GPU split its SMs between them, and make no world
+  // communicator: NCCL refuses two ranks of one communicator on one GPU. Across nodes each rank makes
+  // its rail's, which holds no other rank of its node, so ranks sharing a GPU make theirs too.
   const share = (d: number) => t.devices!.filter((e) => e === d).length;
   const sharing = t.devices !== undefined && new Set(t.devices).size < t.devices.length;
+  const nccl = scaleOut || !sharing;
+  // NCCL's host identity for this process (world/nccl.ts): set natively before its first NCCL call.
+  const ncclHostId = met && g.backend === 'cuda' ? ncclHostIdFor(met.rv.peers, met.rv.peers[met.rv.self]!.nodeId, config.ncclHostId) : undefined;
   for (let r = 0; r < g.size; r++) {
     const abort = new SharedArrayBuffer(ABORT.bytes);
     const runAbort = new SharedArrayBuffer(4);
@@ -66,8 +72,11 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
       rank: g.rankOffset + r, worldSize: g.worldSize, ranksPerNode, groupId: g.id, buffer: g.buffer,
       cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof g.opts.inspect === 'function',
       backend: g.backend, abort, runAbort, traffic: new SharedArrayBuffer(TRAFFIC.bytes), ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
-      tuning: { ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}) },
-      ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl: !sharing } : {}),
+      tuning: {
+        ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}),
+        ...(ncclHostId !== undefined ? { ncclHostId } : {}),
+      },
+      ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl } : {}),
       ...(scaleOut ? { scaleOut } : {}),
     };
     g.ranks[r]!.seq = t.firstSeq;
@@ -92,14 +101,21 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
     throw new RankflowError('STATE', 'the group was destroyed while its world formed');
   }
   try {
-    if (g.backend === 'cuda') {
+    if (g.backend === 'cuda' && scaleOut) {
+      // One communicator per rail: its rank on node 0 makes the id, the rendezvous carries it.
+      const ids = await railIds({
+        rv: joined.rv, rankOffset: g.rankOffset, localRanks: g.size, ranksPerNode,
+        make: (r) => g.workers.call(r, (api) => api.ncclUniqueId()),
+      });
+      await g.workers.all((api, r) => api.ncclInit(ids[r]!));
+    } else if (g.backend === 'cuda') {
       // NCCL's unique id travels from global rank 0's process through the rendezvous.
       const mine = g.rankOffset === 0 ? await g.workers.call(0, (api) => api.ncclUniqueId()) : null;
       const ids = await joined.rv.exchange(mine ? Array.from(mine) : null);
       const root = ids[0] as number[] | null;
       if (root) await g.workers.all((api) => api.ncclInit(Uint8Array.from(root)));
     }
-    if (scaleOut) {
+    if (scaleOut && g.backend === 'host') {
       await connectScaleOut({
         rv: joined.rv, localRanks: g.size, ...(g.world.token !== undefined ? { token: g.world.token } : {}),
         listen: (r, host) => g.workers.call(r, (api) => api.scaleoutListen(host)),

@@ -1,4 +1,5 @@
-// allGather outside a session: every rank's `bytes` land in every rank's buffer at rank * bytes.
+// allGather outside a session: every rank's `bytes` land in every rank's buffer at rank * bytes (in
+// two levels: each of the `parts` of the rank's rail at its own rank's slot, AllGatherArgs).
 // Same phases as the host executor's allGather:
 //   1. enter: announce "I entered op seq" in every peer's enter[my_rank]; before writing into peer p,
 //      wait for its enter[p] (p is done reading its buffer for the previous op).
@@ -32,17 +33,19 @@ extern "C" __global__ void __launch_bounds__(256) rf_all_gather(const AllGatherA
   if (ok) {
     const int64_t bytes = args.bytes;
     const int64_t chunks = (bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
-    const int64_t items = chunks * world;
+    const int64_t per_part = chunks * world;
+    const int64_t items = per_part * args.parts;
     const int lane = int(threadIdx.x) % kWarpSize;
     const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
     const int64_t vecs = bytes / 16;
-    const int4* in = static_cast<const int4*>(args.src);
     for (int64_t item = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize; item < items;
          item += warps) {
       // Peers interleaved, starting after me, so that no receiver is hit by everyone at once.
-      const int p = int((rank + 1 + item % world) % world);
-      const int64_t chunk = item / world;
-      int4* out = reinterpret_cast<int4*>(peers[p] + uint64_t(args.dst_offset) + uint64_t(rank * bytes));
+      const int64_t part = item / per_part, rest = item % per_part;
+      const int p = int((rank + 1 + rest % world) % world);
+      const int64_t chunk = rest / world;
+      const int4* in = reinterpret_cast<const int4*>(static_cast<const uint8_t*>(args.src) + part * args.src_stride);
+      int4* out = reinterpret_cast<int4*>(peers[p] + uint64_t(args.dst_offset + part * args.part_stride) + uint64_t(rank * bytes));
       warp_copy_chunk(out, in, chunk, vecs, lane);
     }
   }

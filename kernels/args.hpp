@@ -51,12 +51,16 @@ struct BarrierArgs {
 };
 
 // allGather outside a session: src (bytes, 16-byte multiple) into every rank's window at
-// dst_offset + rank * bytes, enter round first, done round last.
+// dst_offset + rank * bytes, enter round first, done round last. With parts > 1 (two levels: the
+// parts of the rank's rail), part i at src + i * src_stride goes to dst_offset + i * part_stride +
+// rank * bytes, all in the same rounds.
 struct AllGatherArgs {
   RankArgs r;
   const void* src = nullptr;
   int64_t bytes = 0;
   int64_t dst_offset = 0;
+  int64_t parts = 1;
+  int64_t src_stride = 0, part_stride = 0;
 };
 
 // AGRS: batched write-and-wait of `value` in slot `array` (session open/close, enter and done rounds).

@@ -1,4 +1,4 @@
 // The machines of rankflow (pure xstate definitions, no native code).
-export { rankMachine } from './rank.js';
+export { isRefusal, rankMachine } from './rank.js';
 export type { RankContext, RankEvent, RankInput, FailureInfo, OpName, InFlightKind } from './rank.js';
 export { statePath } from './state-path.js';

@@ -5,8 +5,8 @@
 //
 // The machine is the authority: the worker sends an op's event, and runs the op (one synchronous
 // native call) only if the machine took it; the call's end is DONE (back to the state the op came
-// from, `phases` in the record) or FAILED (EINVAL: refused, back, the rank usable; anything else:
-// failed). So an op is at most one transition in and one out. The one wait that can be long in the
+// from, `phases` in the record) or FAILED (EINVAL or BACKEND_UNAVAILABLE: refused, back, the rank
+// usable; anything else: failed). So an op is at most one transition in and one out. The one wait that can be long in the
 // middle of an op, a dispatch's CPU sync, becomes the state dispatching.cpuSync only while it happens
 // (WAITING). Waits end natively (their deadline, or the abort words a peer's failure raises), so the
 // machine keeps no timers: a synchronous op gives it no chance to run one anyway.
@@ -26,6 +26,13 @@ export interface FailureInfo {
   phase?: string;
   state?: string;
 }
+
+/**
+ * Codes that refuse an op before it moved anything, so that the rank stays usable: EINVAL (bad input)
+ * and BACKEND_UNAVAILABLE (the backend does not run this op in this world: e.g. dispatch on cuda
+ * across nodes). Any other code from an op fails the rank.
+ */
+export const isRefusal = (code: string): boolean => code === 'EINVAL' || code === 'BACKEND_UNAVAILABLE';
 
 export type OpName =
   | 'register' | 'barrier' | 'allGather' | 'dispatch' | 'combine' | 'sessionOpen' | 'sessionAllGather'
@@ -75,7 +82,7 @@ export type RankEvent =
   /** the op in progress finished; `phases` it went through, for the record */
   | { type: 'DONE'; phases?: readonly string[] }
   /**
-   * the op in progress threw: EINVAL is a refusal, anything else fails the rank. `seq`: the native
+   * the op in progress threw: a refusal (isRefusal) leaves the rank usable, anything else fails it. `seq`: the native
    * side's sequence number after it (a refusal found by a kernel, e.g. a bad expert id, took its
    * number: the op ran), where the worker knows it; without it a refusal gives the op's number back.
    */
@@ -97,7 +104,7 @@ const OPS: Record<string, OpName> = {
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
 /** An op taken from `ready` ends in engram.fetching while fetches are in flight, else in ready; a refusal
- * (EINVAL: nothing moved) gives the op's seq back, any other FAILED fails the rank. */
+ * (isRefusal: nothing moved) gives the op's seq back, any other FAILED fails the rank. */
 const settleReady = {
   DONE: [{ target: '#rank.engram.fetching', guard: 'fetching', actions: 'done' }, { target: '#rank.ready', actions: 'done' }],
   FAILED: [
@@ -199,8 +206,8 @@ export const rankMachine = setup({
     recordPeerFailure: assign(({ context, event }) => ({ error: context.error ?? (event as { error: FailureInfo }).error })),
   },
   guards: {
-    /** EINVAL means the op was refused before it moved anything: the rank stays usable. */
-    refused: ({ event }) => event.type === 'FAILED' && event.error.code === 'EINVAL',
+    /** The op was refused before it moved anything (isRefusal): the rank stays usable. */
+    refused: ({ event }) => event.type === 'FAILED' && isRefusal(event.error.code),
     /** no op runs now (only in-flight ops, if any, hold the rank in its state) */
     idle: ({ context }) => context.op === null,
     /** engram fetches are in flight */
@@ -209,7 +216,7 @@ export const rankMachine = setup({
     stays: ({ context }, p: { kind: InFlightKind }) => context.inflight[p.kind] > 0,
     /** a refusal while ops of `kind` are in flight */
     refusedWhile: ({ context, event }, p: { kind: InFlightKind }) =>
-      event.type === 'FAILED' && event.error.code === 'EINVAL' && context.inflight[p.kind] > 0,
+      event.type === 'FAILED' && isRefusal(event.error.code) && context.inflight[p.kind] > 0,
     /** after this COMPLETED, ops of `kind` are still in flight */
     remainsAfter: ({ context, event }, p: { kind: InFlightKind }) =>
       context.inflight[p.kind] - (event.type === 'COMPLETED' && event.kind === p.kind ? 1 : 0) > 0,

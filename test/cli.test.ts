@@ -133,16 +133,16 @@ describe('rankflow doctor', () => {
         if (!report.cuda.available) expect(typeof report.cuda.unavailable.reason).toBe('string');
         // Which transport crosses nodes, per backend; cuda's says whether the NCCL found has its calls.
         expect(report.scaleOut.host.transport).toMatch(/^TCP between rail peers/);
-        expect(report.scaleOut.cuda).toMatchObject({ transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv between rail peers/), enabled: false });
-        expect(report.scaleOut.cuda.why).toMatch(/backend 'cuda' cannot run across nodes yet/);
+        expect(report.scaleOut.cuda).toMatchObject({ transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv between rail peers/), enabled: true });
+        expect(report.scaleOut.cuda.runs).toMatch(/^barrier and allGather .*; dispatch, combine, .* refuse with BACKEND_UNAVAILABLE/);
         if (report.nccl?.unavailable) expect(report.scaleOut.cuda).toMatchObject({ available: false, unavailable: `no NCCL: ${report.nccl.unavailable.reason}` });
         else expect(report.scaleOut.cuda.available).toBe(typeof report.nccl?.version === 'string');
     });
 
     test("cuda's scale-out entry from each NCCL probe: found with both calls, found without them, not found", () => {
-        const why = /backend 'cuda' cannot run across nodes yet/;
+        const runs = /^barrier and allGather .*refuse with BACKEND_UNAVAILABLE/;
         expect(cudaScaleOut({ path: '/x/libnccl.so.2', version: '2.28.3', p2p: true })).toEqual({
-            transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv/), available: true, enabled: false, why: expect.stringMatching(why)
+            transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv/), available: true, enabled: true, runs: expect.stringMatching(runs)
         });
         expect(cudaScaleOut({ path: '/x/libnccl.so.2', version: '2.28.3', p2p: false, p2pReason: 'NCCL at /x/libnccl.so.2 has no ncclSend/ncclRecv' }))
             .toMatchObject({ available: false, unavailable: 'NCCL at /x/libnccl.so.2 has no ncclSend/ncclRecv' });

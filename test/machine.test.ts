@@ -176,6 +176,19 @@ describe('failures', () => {
     expect(r.context().error).toBeNull();
   });
 
+  test('BACKEND_UNAVAILABLE from an op is a refusal too (an op this backend does not run in this world): the rank usable', () => {
+    const r = ready();
+    r.send({ type: 'BARRIER', withCpuSync: false });
+    r.send({ type: 'DONE' });
+    r.send({ type: 'DISPATCH' });
+    r.send({ type: 'FAILED', error: { code: 'BACKEND_UNAVAILABLE', message: "dispatch does not run across nodes on backend 'cuda' yet" } });
+    expect(r.state()).toBe('ready');
+    expect(r.context()).toMatchObject({ error: null, seq: 1 });
+    r.send({ type: 'SESSION_OPEN' });
+    r.send({ type: 'FAILED', error: { code: 'BACKEND_UNAVAILABLE', message: "session open does not run across nodes on backend 'cuda' yet" } });
+    expect(r.state()).toBe('ready');
+  });
+
   test('a refusal gives the op\'s number back, unless the native side says it took it (a kernel refused the op)', () => {
     const r = ready();
     r.send({ type: 'BARRIER', withCpuSync: false });

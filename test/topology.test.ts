@@ -1,7 +1,7 @@
 // The nodes of a world, as every process reads them off the rendezvous table (actors/world/topology.ts).
 import { describe, expect, it } from 'vitest';
 
-import { scaleOutProblem, worldNodes } from '../actors/world/topology.js';
+import { worldNodes } from '../actors/world/topology.js';
 import type { RendezvousPeer } from '../actors/world/rendezvous.js';
 
 const table = (...procs: Array<[nodeId: string, ranks: number, hostId?: string]>): RendezvousPeer[] => {
@@ -32,17 +32,5 @@ describe('worldNodes', () => {
   ])('refuses %s with EINVAL', (_, peers, asked, message) => {
     const W = peers.reduce((n, p) => n + p.localRanks, 0);
     expect(() => worldNodes(peers, W, asked)).toThrow(expect.objectContaining({ code: 'EINVAL', message: expect.stringMatching(message) }));
-  });
-});
-
-describe('scaleOutProblem', () => {
-  it('lets host worlds span nodes, and refuses cuda ones with BACKEND_UNAVAILABLE saying why', () => {
-    const two = worldNodes(table(['a', 1], ['b', 1]), 2);
-    expect(scaleOutProblem(two, 'host')).toBeUndefined();
-    expect(scaleOutProblem(worldNodes(table(['a', 2]), 2), 'cuda')).toBeUndefined();
-    expect(scaleOutProblem(two, 'cuda')).toMatchObject({
-      code: 'BACKEND_UNAVAILABLE',
-      message: expect.stringMatching(/^the world spans 2 nodes \(by world\.nodeId\), and backend 'cuda' cannot run across nodes yet: .*compiled but has never run on GPUs/),
-    });
   });
 });

@@ -40,6 +40,7 @@ const native = new addon.Context({
   ceMinBytes: init.tuning.ceMinBytes,
   cooperative: init.tuning.cooperative,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
+  ...(init.tuning.ncclHostId ? { ncclHostId: init.tuning.ncclHostId } : {}),
   ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),
 }, new Int32Array(init.abort));
 

@@ -5,7 +5,7 @@
 // (transition-log.ts), and posted in batches.
 import { createActor, type Actor, type InspectionEvent, type StateValue } from 'xstate';
 
-import { rankMachine, statePath, type FailureInfo, type OpName, type RankEvent } from '../machines/index.js';
+import { isRefusal, rankMachine, statePath, type FailureInfo, type OpName, type RankEvent } from '../machines/index.js';
 import { RankflowError } from '../actors/core/errors.js';
 import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 import { TransitionLog } from './transition-log.js';
@@ -198,12 +198,12 @@ export class RankRunner {
       throw new RankflowError('STATE', `rank ${this.rank} is in state '${this.path}' and cannot take ${event.type}`, { rank: this.rank, state: this.path });
   }
 
-  /** The op in progress threw: FAILED (EINVAL: refused, the rank stays usable); rethrows it. */
+  /** The op in progress threw: FAILED (a refusal, isRefusal: the rank stays usable); rethrows it. */
   fail(e: unknown): never {
     const f = RankflowError.from(e);
     // The state it failed in, for whoever reads the error later (the op's state, not 'failed').
     const error = f.state !== undefined ? f : new RankflowError(f.code, f.message, { rank: f.rank, phase: f.phase, state: this.path });
-    const native = error.code === 'EINVAL' && this.seqOffset !== undefined ? this.nativeSeq?.() : undefined;
+    const native = isRefusal(error.code) && this.seqOffset !== undefined ? this.nativeSeq?.() : undefined;
     const seq = native !== undefined ? native - this.seqOffset! : undefined;
     this.send({ type: 'FAILED', error: failureOf(error), ...(seq !== undefined ? { seq } : {}) });
     throw error;

@@ -9,7 +9,6 @@ import { loadAddon } from '../core/addon.js';
 import { probeCuda, resolveBackend, type CudaProbe } from '../core/backend.js';
 import { config } from '../core/config.js';
 import { debug } from '../observe/debug.js';
-import { scaleOutProblem } from '../world/topology.js';
 import type { Command } from './command.js';
 import { packageVersion } from './version.js';
 
@@ -45,9 +44,10 @@ export interface DoctorReport {
             /** Whether the NCCL found has the calls the transport needs (false without NCCL). */
             available: boolean;
             unavailable?: string;
-            /** Whether createGroup runs cuda worlds that span nodes; when not, `why`. */
+            /** Whether createGroup runs cuda worlds that span nodes (it does, with the ops `runs` names). */
             enabled: boolean;
-            why?: string;
+            /** What a cuda world that spans nodes runs, and what it refuses. */
+            runs: string;
         };
     };
     /** What `backend: 'auto'` resolves to here, or null with the reason. */
@@ -55,11 +55,12 @@ export interface DoctorReport {
 }
 
 const HOST_SCALE_OUT = 'TCP between rail peers (the rendezvous connects them; world.nodeId marks simulated nodes)';
-const CUDA_SCALE_OUT = "grouped ncclSend/ncclRecv between rail peers on the rank's stream (not NCCL's GIN device API)";
+const CUDA_SCALE_OUT = "grouped ncclSend/ncclRecv between rail peers on the rank's stream, one NCCL communicator per rail (not NCCL's GIN device API)";
+const CUDA_RUNS = 'barrier and allGather (node-local kernels, then NCCL between rail peers); dispatch, combine, sessions, engram, ' +
+    'ppExchange and graphs refuse with BACKEND_UNAVAILABLE (native/src/backends/cuda/scaleout.hpp)';
 
-/** The cuda scale-out leg as the probe saw NCCL (its `nccl` object), and whether createGroup runs it (actors/world/topology.ts). */
+/** The cuda scale-out leg as the probe saw NCCL (its `nccl` object), and what createGroup runs on it (native/src/backends/cuda/two_level.cc). */
 export function cudaScaleOut(nccl: Record<string, unknown> | undefined, notProbed = 'no NCCL probe: this build has no CUDA backend'): DoctorReport['scaleOut']['cuda'] {
-    const problem = scaleOutProblem({ count: 2, ranksPerNode: 1, ofProcess: [0, 1] }, 'cuda');
     const available = nccl?.p2p === true;
     const unavailable = nccl === undefined ? notProbed
         : typeof nccl.reason === 'string' ? `no NCCL: ${parseLoadFailure(nccl.reason).reason}`
@@ -68,8 +69,8 @@ export function cudaScaleOut(nccl: Record<string, unknown> | undefined, notProbe
         transport: CUDA_SCALE_OUT,
         available,
         ...(!available && unavailable !== undefined ? { unavailable } : {}),
-        enabled: problem === undefined,
-        ...(problem !== undefined ? { why: problem.message } : {})
+        enabled: true,
+        runs: CUDA_RUNS
     };
 }
 
@@ -178,7 +179,7 @@ export function formatDoctorReport(report: DoctorReport): string[] {
     row('scaleout', `host: ${report.scaleOut.host.transport}`);
     const cuda = report.scaleOut.cuda;
     more(`cuda: ${cuda.transport}${cuda.available ? ': the NCCL found has both calls' : `: ${cuda.unavailable ?? 'unavailable'}`}`);
-    if (!cuda.enabled) more('      not enabled: createGroup refuses cuda worlds that span nodes (BACKEND_UNAVAILABLE)');
+    more(`      across nodes: ${cuda.runs}`);
     row('auto', report.auto.backend ? `picks '${report.auto.backend}'` : `picks nothing: ${report.auto.error ?? 'unknown'}`);
     return lines;
 }

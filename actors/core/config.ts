@@ -29,6 +29,11 @@ export const config = {
   worldToken: env.RANKFLOW_WORLD_TOKEN !== undefined && env.RANKFLOW_WORLD_TOKEN !== '' ? env.RANKFLOW_WORLD_TOKEN : undefined,
   /** NCCL_HOME: where the cuda backend looks for libnccl.so.2 first. */
   ncclHome: env.NCCL_HOME,
+  /**
+   * NCCL_HOSTID (NCCL's own): the host identity NCCL hashes once per process. Where it is unset, a cuda
+   * process of a world sets it to one per rankflow node (actors/world/nccl.ts); read at each createGroup.
+   */
+  get ncclHostId(): string | undefined { return env.NCCL_HOSTID === '' ? undefined : env.NCCL_HOSTID; },
   /** HOME and VIRTUAL_ENV: python environments whose nvidia-nccl package the cuda backend also tries. */
   pythonPrefixes: [env.VIRTUAL_ENV, env.HOME ? path.join(env.HOME, '.local') : undefined].filter((p): p is string => !!p),
   /** RANKFLOW_CE_MIN_BYTES: cuda AGRS puts of at least this many bytes per peer use copy engines (default 48 MiB); read at each createGroup. */

@@ -12,9 +12,9 @@ import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
 import { hostId } from './host-id.js';
-import { isText } from './protocol.js';
+import { isText, who } from './protocol.js';
 import { nodeIdProblem, parseRendezvousUrl, rendezvous, type Rendezvous, type RendezvousPeer } from './rendezvous.js';
-import { scaleOutProblem, worldNodes, type WorldNodes } from './topology.js';
+import { worldNodes, type WorldNodes } from './topology.js';
 
 export interface WorldOptions {
   /** ranks in the whole world, over all processes */
@@ -101,13 +101,13 @@ function payloadOf(p: RendezvousPeer): Payload {
 /**
  * Meets the other processes of the world (before this process's ranks start: their domains depend on
  * the nodes found). config: what must be equal in every process; withHost: the ranks export host
- * segments; gpus: the UUIDs of the GPUs this process's ranks use (cuda): no two processes of a node
- * may share one. ranksPerNode: createGroup's, where the caller gave it. signal: ends the wait for the
+ * segments; gpus: the UUIDs of the GPUs this process's ranks use (cuda), one per rank: no two processes
+ * of a node may share one, and in a world of one node no process may name one twice. ranksPerNode: createGroup's, where the caller gave it. signal: ends the wait for the
  * other processes (ABORTED).
  */
 export async function meetWorld(
   w: WorldOptions,
-  opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; backend: 'host' | 'cuda'; localRanks: number; signal?: AbortSignal },
+  opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; localRanks: number; signal?: AbortSignal },
 ): Promise<MetWorld> {
   const gpus = opts.gpus ?? [];
   const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config: opts.config, withHost: opts.withHost, gpus };
@@ -123,10 +123,13 @@ export async function meetWorld(
       const theirs = payloadOf(p);
       if (theirs.config !== opts.config)
         throw invalid('buffer', `differs between processes: ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) use ${theirs.config}, this process ${opts.config}`);
+      // Processes of one node must not share a GPU: their kernels time-slice, and a kernel waiting for
+      // a node peer's stores would crawl. Processes of different nodes (simulated nodes on one
+      // machine) may: nothing of theirs waits on the other's memory, only on NCCL between them.
       const shared = p === me ? [] : theirs.gpus.filter((g) => gpus.includes(g));
-      if (shared.length > 0 && p.hostId === me.hostId)
-        throw invalid('devices', `GPU ${shared[0]} is used by this process and by ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) of another: ` +
-          'processes must not share a GPU (kernels of different processes time-slice, so one waiting for a peer would crawl); ' +
+      if (shared.length > 0 && p.hostId === me.hostId && p.nodeId === me.nodeId)
+        throw invalid('devices', `GPU ${shared[0]} is used by this process and by ranks [${p.rankOffset}, ${p.rankOffset + p.localRanks}) of another of its node: ` +
+          "a node's processes must not share a GPU (kernels of different processes time-slice, so one waiting for a peer would crawl); " +
           'give each process its own GPUs (CUDA_VISIBLE_DEVICES or devices), or share a GPU between the ranks of one process');
       // Processes of one node share memory (fds over Unix sockets): they must be on one host.
       if (p.nodeId === me.nodeId && p.hostId !== me.hostId)
@@ -134,8 +137,14 @@ export async function meetWorld(
           "a node's processes share memory, so they must be on one host; give each host its own world.nodeId");
     }
     const nodes = worldNodes(rv.peers, w.size, opts.ranksPerNode);
-    const refused = scaleOutProblem(nodes, opts.backend);
-    if (refused) throw refused;
+    // Ranks of one process may share a GPU, but in a world of one node every rank joins one NCCL
+    // communicator, which refuses two ranks on one GPU; across nodes each joins its rail's (one rank
+    // per node), so they may. Every process reads the same table, so every one refuses alike.
+    const twice = nodes.count === 1 ? rv.peers.find((p) => new Set(payloadOf(p).gpus).size < payloadOf(p).gpus.length) : undefined;
+    if (twice !== undefined)
+      throw invalid('devices', `${who(twice)}${twice === me ? ', this process,' : ''} name a GPU twice in a world of one node: ` +
+        "its cuda ranks join one NCCL communicator, which refuses two ranks on one GPU; share a GPU between ranks of a group of one process " +
+        '(no world), or between ranks of a node in a world that spans nodes (world.nodeId)');
     return { rv, nodes, node: nodes.ofProcess[rv.self]!, withHost: opts.withHost, fdSocket: payload.fdSocket };
   } catch (e) {
     await rv.close();

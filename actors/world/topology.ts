@@ -4,7 +4,7 @@
 // the scale-out leg (runtime/scaleout.hpp), rank (node, local) with the ranks of its local index on the
 // other nodes. So a node's ranks are consecutive, every node holds as many, and nodes are numbered by
 // their first rank: rank g is on node g / ranksPerNode.
-import { RankflowError, invalid } from '../core/errors.js';
+import { invalid } from '../core/errors.js';
 import { fmt, rangeOf, who } from './protocol.js';
 import type { RendezvousPeer } from './rendezvous.js';
 
@@ -49,16 +49,4 @@ export function worldNodes(peers: readonly RendezvousPeer[], worldSize: number, 
   if (asked !== undefined && asked !== R)
     throw invalid('ranksPerNode', `(${asked}) disagrees with the world's nodes: ${nodes.length} nodes (by world.nodeId) of ${R} ranks each`);
   return { count: nodes.length, ranksPerNode: R, ofProcess };
-}
-
-/** Why a world of these nodes cannot run on this backend, or undefined. */
-export function scaleOutProblem(nodes: WorldNodes, backend: 'host' | 'cuda'): RankflowError | undefined {
-  if (nodes.count === 1 || backend === 'host') return undefined;
-  return new RankflowError(
-    'BACKEND_UNAVAILABLE',
-    `the world spans ${nodes.count} nodes (by world.nodeId), and backend 'cuda' cannot run across nodes yet: its scale-out leg ` +
-      '(grouped ncclSend/ncclRecv between rail peers, native/src/backends/cuda/scaleout.cc) is compiled but has never run on GPUs, ' +
-      "and its node-local kernels (packing token records, forwarding them into the node's windows, the combine fold) are not written; " +
-      "run every process of the world on one node, or use backend 'host' across nodes",
-  );
 }

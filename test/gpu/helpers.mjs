@@ -1,7 +1,9 @@
 // Shared by the GPU tests (node:test on the compiled package: `npm run test:gpu`). They import the
 // built JS in dist/, as an installed package would. Every multi-rank test runs in each layout the
 // machine allows: ranks sharing GPU 0 (2, and 4 where a test asks), and, with 2+ GPUs, one rank per GPU.
+import { fork } from 'node:child_process';
 import { readdirSync } from 'node:fs';
+import net from 'node:net';
 
 export * from '../../dist/actors/index.js';
 import { createGroup, probeCuda, tensor } from '../../dist/actors/index.js';
@@ -67,4 +69,62 @@ export async function waitFor(cond, ms = 10_000) {
     if (Date.now() > end) throw new Error('condition not met in time');
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** A free TCP port on loopback, for a world's rendezvous url. */
+export async function freePort() {
+  const server = net.createServer();
+  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const { port } = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  return port;
+}
+
+/**
+ * Forks `fixture` with `arg` (JSON in argv[2]) as one process of a world; its messages wait in an
+ * inbox until taken with next(kind). A 'failure' message from the child ({ error, stack }) fails that
+ * wait and every later one at once. `label` names the child in logs and errors; `env` replaces the
+ * environment; the child is pushed onto `children` (kill what is left in an after() hook: killAll).
+ */
+export function forkChild(fixture, arg, { label, env, children }) {
+  const proc = fork(fixture, [JSON.stringify(arg)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'], ...(env ? { env } : {}) });
+  const inbox = [];
+  const waiters = [];
+  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve(signal ?? code)));
+  let failure = null;  // once the child reports one, every wait fails at once
+  proc.on('message', (m) => {
+    if (m.kind === 'failure') {
+      failure = m;
+      console.log(`${label} failed: ${JSON.stringify(m.error)}\n${m.stack}`);
+    }
+    const i = waiters.findIndex((w) => w.kind === m.kind || m.kind === 'failure');
+    if (i >= 0) waiters.splice(i, 1)[0].resolve(m);
+    else inbox.push(m);
+  });
+  const c = {
+    proc,
+    exited,
+    send: (m) => proc.send(m),
+    /** The next message of `kind`; a 'failure' report from the child fails the wait instead. */
+    async next(kind, ms = 60_000) {
+      if (failure && !inbox.some((m) => m.kind === kind)) throw new Error(`${label} failed before '${kind}': ${failure.error.code}: ${failure.error.message}`);
+      const i = inbox.findIndex((m) => m.kind === kind || m.kind === 'failure');
+      const m = i >= 0 ? inbox.splice(i, 1)[0] : await new Promise((resolve, reject) => {
+        const timer = setTimeout(() => {
+          failure ??= { error: { code: 'HUNG', message: `no '${kind}' message within ${ms} ms` } };  // later waits fail at once
+          reject(new Error(`${label}: no '${kind}' message within ${ms} ms`));
+        }, ms);
+        waiters.push({ kind, resolve: (v) => { clearTimeout(timer); resolve(v); } });
+      });
+      if (m.kind === 'failure') throw new Error(`${label} failed before '${kind}': ${m.error.code}: ${m.error.message}`);
+      return m;
+    },
+  };
+  children.push(c);
+  return c;
+}
+
+/** SIGKILLs every forked child still running (an after() hook of a file that forks). */
+export function killAll(children) {
+  for (const c of children) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
 }

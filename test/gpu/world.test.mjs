@@ -3,68 +3,20 @@
 // SCM_RIGHTS (device segments and, for hybrid/elastic memory, HOST_NUMA host segments), get NCCL's
 // unique id through the rendezvous, and register their windows together. Results are checked
 // against bytes computed here and against a host-backend world of 2 processes doing the same.
-import { fork } from 'node:child_process';
-import net from 'node:net';
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { bytesOfTensor, needsTwoGpus, pattern, requireGpu } from './helpers.mjs';
+import { bytesOfTensor, forkChild, freePort, killAll, needsTwoGpus, pattern, requireGpu } from './helpers.mjs';
 
 const FIXTURE = new URL('./fixtures/world-child.mjs', import.meta.url);
 const KINDS = ['gpu', 'hybrid', 'elastic'];
 const children = [];
 
 before(() => requireGpu());
-after(() => {
-  for (const c of children) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
-});
-
-async function freePort() {
-  const server = net.createServer();
-  await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address();
-  await new Promise((resolve) => server.close(resolve));
-  return port;
-}
+after(() => killAll(children));
 
 /** Forks the fixture for global rank `rank`; messages wait in an inbox until taken with next(). */
-function child(arg) {
-  const proc = fork(FIXTURE, [JSON.stringify(arg)], { stdio: ['ignore', 'inherit', 'inherit', 'ipc'] });
-  const inbox = [];
-  const waiters = [];
-  const exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve(signal ?? code)));
-  let failure = null;  // once the child reports one, every wait fails at once
-  proc.on('message', (m) => {
-    if (m.kind === 'failure') {
-      failure = m;
-      console.log(`rank ${arg.rank} (${arg.backend}, ${arg.mode}) failed: ${JSON.stringify(m.error)}\n${m.stack}`);
-    }
-    const i = waiters.findIndex((w) => w.kind === m.kind || m.kind === 'failure');
-    if (i >= 0) waiters.splice(i, 1)[0].resolve(m);
-    else inbox.push(m);
-  });
-  const c = {
-    proc,
-    exited,
-    send: (m) => proc.send(m),
-    /** The next message of `kind`; a 'failure' report from the child fails the wait instead. */
-    async next(kind, ms = 60_000) {
-      if (failure && !inbox.some((m) => m.kind === kind)) throw new Error(`rank ${arg.rank} failed before '${kind}': ${failure.error.code}: ${failure.error.message}`);
-      const i = inbox.findIndex((m) => m.kind === kind || m.kind === 'failure');
-      const m = i >= 0 ? inbox.splice(i, 1)[0] : await new Promise((resolve, reject) => {
-        const timer = setTimeout(() => {
-          failure ??= { error: { code: 'HUNG', message: `no '${kind}' message within ${ms} ms` } };  // later waits fail at once
-          reject(new Error(`rank ${arg.rank}: no '${kind}' message within ${ms} ms`));
-        }, ms);
-        waiters.push({ kind, resolve: (v) => { clearTimeout(timer); resolve(v); } });
-      });
-      if (m.kind === 'failure') throw new Error(`rank ${arg.rank} failed before '${kind}': ${m.error.code}: ${m.error.message}`);
-      return m;
-    },
-  };
-  children.push(c);
-  return c;
-}
+const child = (arg) => forkChild(FIXTURE, arg, { label: `rank ${arg.rank} (${arg.backend}, ${arg.mode})`, children });
 
 /** Two processes, global ranks 0 and 1, on one rendezvous url per world. */
 async function pair(backend, mode, kinds, extra = {}) {

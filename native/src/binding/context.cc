@@ -38,6 +38,7 @@ ContextConfig config_from(const Napi::Object& o) {
   c.gpu_timeout_s = num_prop(o, "gpuSeconds", 100);
   c.ce_min_bytes = int_prop(o, "ceMinBytes", c.ce_min_bytes, 0, int64_t(1) << 50);
   c.nccl_home = str_prop(o, "ncclHome");
+  c.nccl_host_id = str_prop(o, "ncclHostId");
   c.first_seq = uint64_t(int_prop(o, "firstSeq", 0, 0, int64_t(1) << 53));
   return c;
 }
@@ -287,6 +288,10 @@ Napi::Value ContextWrap::WritePeer(const Napi::CallbackInfo& info) {
   const auto bytes = info[2].As<Napi::TypedArray>();
   const int64_t n = int64_t(bytes.ByteLength());
   const int64_t offset = int_arg(info[1], "offset", 0, c.sym_bytes - n);
+  if (c.nodes.two_level() && !c.nodes.same_node(peer))
+    throw_einval(env, "peer: rank " + std::to_string(peer) + " is on node " + std::to_string(c.nodes.node_of(peer)) +
+                          " and rank " + std::to_string(c.rank()) + " on node " + std::to_string(c.nodes.node) +
+                          ": nodes share no memory, so its window is not mapped here");
   return big(env, guarded(env, [&] {
     c.backend().check_alive("writePeer");
     return c.backend().write_peer(peer, offset, bytes_of(bytes), n);

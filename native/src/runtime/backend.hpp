@@ -133,6 +133,10 @@ class Backend {
   virtual void destroy() noexcept = 0;
   // Refuses an op on a rank whose protocol state is gone (a wait gave up): RANK_FAILED saying why.
   virtual void check_alive(const char* op) const { (void)op; }
+  // Refuses a collective this backend does not run in this rank's world: BACKEND_UNAVAILABLE naming
+  // `op`. Every collective of the runtime (runtime/ops/) asks first, before it changes any state, so
+  // a refusal leaves the rank as it was (usable).
+  virtual void check_runs(const char* op) const { (void)op; }
 
   // ---- collectives (inputs checked by the runtime; seq assigned) ----
   // barrier: the device round; cpu_round: then the CPUs' round under the same seq. wait = false (a

@@ -32,6 +32,9 @@ struct ContextConfig {
   // no environment variable itself).
   int64_t ce_min_bytes = int64_t(48) << 20;  // cuda AGRS puts of this many bytes per peer use copy engines
   std::string nccl_home;                     // where the cuda backend looks for libnccl.so.2 first
+  // cuda in a world: NCCL_HOSTID for this process, set before its first NCCL call unless already set
+  // (actors/world/nccl.ts chose it: one per node, so that NCCL's hosts are rankflow's nodes); "" = none.
+  std::string nccl_host_id;
   uint64_t first_seq = 0;                    // tests: start the sequence there (near a wrap)
 };
 

@@ -56,10 +56,6 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
   rules.cpu_timeout_s = c.cpu_timeout_s;
   rules.gpu_timeout_s = c.gpu_timeout_s;
   if (c.backend == BackendKind::Cuda) {
-    // backends/cuda/scaleout.hpp: the NCCL leg is compiled, the node-local kernels are not written.
-    RF_CHECK(!nodes.two_level(), "BACKEND_UNAVAILABLE",
-             "backend 'cuda' cannot run a world whose nodes share no memory yet (its scale-out leg is not built); "
-             "use backend 'host' across nodes, or one node");
     RF_CHECK(g_cuda_factory != nullptr, "BACKEND_UNAVAILABLE",
              "backend 'cuda' is unavailable: this build of the addon has no CUDA backend (cuda.h was not found "
              "at build time; set CUDA_HOME and reinstall: npm rebuild rankflow)");

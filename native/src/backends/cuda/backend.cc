@@ -71,15 +71,19 @@ void CudaBackend::create() {
     CUdeviceptr p = 0;
     if (d.cuMemHostGetDevicePointer(&p, words, 0) == CUDA_SUCCESS) abort_dev_ = reinterpret_cast<const int32_t*>(p);
   }
-  // Device scratch: the peer table kernels take, the stream's two arrival words, the graph epoch.
-  const std::vector<uint64_t> table = mem_.peer_table();
+  // Device scratch: the peer table kernels take, the stream's two arrival words, the graph epoch; in
+  // two levels, the rail headers (rail_headers()).
+  kws_ = two_level() ? WorkspaceLayout::make(c_.nodes.ranks_per_node, int32_t(c_.experts_per_rank())) : c_.ws;
+  const std::vector<uint64_t> table = kernel_peers();
   const int64_t table_bytes = align_up(int64_t(table.size() * sizeof(uint64_t)), 256);
-  scratch_ = pool_.alloc(table_bytes + 256, "the peer table");
+  const int64_t frames_bytes = two_level() ? align_up(16 * int64_t(c_.nodes.num_nodes + 1), 256) : 0;
+  scratch_ = pool_.alloc(table_bytes + 256 + frames_bytes, "the peer table");
   peers_ = scratch_;
   arrivals_ = scratch_ + CUdeviceptr(table_bytes);
   epoch_ = arrivals_ + 64;
+  if (two_level()) rail_frames_ = arrivals_ + 256;
   from_host(peers_, table.data(), int64_t(table.size() * sizeof(uint64_t)));
-  RF_CU(cuMemsetD8Async, arrivals_, 0, 256, stream_);
+  RF_CU(cuMemsetD8Async, arrivals_, 0, size_t(256 + frames_bytes), stream_);
   // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
   RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
   RF_CU(cuEventCreate, &op_start_, CU_EVENT_DEFAULT);
@@ -94,6 +98,15 @@ void CudaBackend::create() {
 ExportedSegments CudaBackend::exported() const { return mem_.exported(); }
 
 void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
+  if (two_level()) {
+    // Only the node's windows; across nodes the rail communicator carries the bytes (made first: the
+    // barrier below crosses it). No engram table (engram does not run across nodes on cuda yet) and
+    // no NCCL window (nothing of NCCL's reads the node's memory).
+    RF_CHECK(rails_ != nullptr, "STATE", "registerWindow: the rail communicator must be made first (ncclInit)");
+    translating(rank(), [&] { mem_.import_peers(peers, false, c_.nodes.first_local(), c_.nodes.ranks_per_node); });
+    barrier(seq, false, true);
+    return;
+  }
   translating(rank(), [&] {
     mem_.import_peers(peers);  // same process: the fds are borrowed, closed by their owner at destroy
     if (c_.cpu_bytes > 0) {    // engram: every rank's host segment, as my GPU addresses it
@@ -111,7 +124,15 @@ void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint6
 
 std::vector<uint8_t> CudaBackend::nccl_unique_id() {
   std::string why;
-  if (!c_.cfg.nccl || !nccl_available(&why)) return {};
+  if (two_level()) {
+    // Across nodes NCCL is the scale-out leg: without it the world cannot run (the caller tells every process).
+    RF_CHECK(nccl_available(&why), "BACKEND_UNAVAILABLE",
+             "backend 'cuda' carries the bytes between nodes over NCCL, and rank " + std::to_string(rank()) +
+                 " has none: " + why);
+  } else if (!c_.cfg.nccl || !nccl_available(&why)) {
+    return {};
+  }
+  set_nccl_host_id(c_.cfg.nccl_host_id);
   return translating(rank(), [&] {
     ncclUniqueId id;
     RF_NCCL(ncclGetUniqueId, &id);
@@ -121,14 +142,27 @@ std::vector<uint8_t> CudaBackend::nccl_unique_id() {
 
 void CudaBackend::nccl_init(const std::vector<uint8_t>& id) {
   check_alive("ncclInit");
-  RF_CHECK(c_.cfg.nccl, "EINVAL", "ncclInit: this group makes no NCCL communicator (its ranks share a GPU)");
+  // Two levels: the rail's communicator (one rank per node, none of them sharing a GPU with another
+  // rank of it), whatever the ranks of this process share.
+  RF_CHECK(c_.cfg.nccl || two_level(), "EINVAL", "ncclInit: this group makes no NCCL communicator (its ranks share a GPU)");
   RF_CHECK(id.size() == RF_NCCL_UNIQUE_ID_BYTES, "EINVAL",
-           "ncclInit needs the 128-byte NCCL unique id of rank 0, got " + std::to_string(id.size()) + " bytes");
+           std::string("ncclInit needs the 128-byte NCCL unique id of ") + (two_level() ? "its rail's rank on node 0" : "rank 0") +
+               ", got " + std::to_string(id.size()) + " bytes");
   RF_CHECK(comm_ == nullptr, "STATE", "rank " + std::to_string(rank()) + " already has an NCCL communicator");
+  const int n = two_level() ? c_.nodes.num_nodes : world();
+  const int me = two_level() ? c_.nodes.node : rank();
   translating(rank(), [&] {
+    set_nccl_host_id(c_.cfg.nccl_host_id);
     ncclUniqueId uid;
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
-    RF_NCCL(ncclCommInitRank, &comm_, world(), uid, rank());
+    RF_NCCL(ncclCommInitRank, &comm_, n, uid, me);
+    if (!two_level()) return;
+    try {
+      rails_ = std::make_unique<NcclRails>(c_.nodes, comm_, stream_);
+    } catch (...) {
+      abort_rails();  // nothing half made: the communicator goes with the refusal
+      throw;
+    }
   });
 }
 
@@ -172,6 +206,9 @@ void CudaBackend::destroy() noexcept {
     d = &driver();
   } catch (...) {
   }
+  const bool failing = dead_ || c_.abort.failed_rank() >= 0 || c_.abort.abandoned.load();
+  // NCCL kernels on the stream waiting for a rail peer that is gone never give up on their own.
+  if (two_level() && failing) abort_rails();
   if (d != nullptr && stream_ != nullptr) {
     // Kernels still waiting for peers that are gone give up once told; then nothing runs on the memory.
     if (abort_raised() || c_.abort.abandoned.load()) mirror_abort();
@@ -185,13 +222,14 @@ void CudaBackend::destroy() noexcept {
   }
   graphs_.clear();
   capture_ = Graph{};
+  rails_.reset();
   if (comm_ != nullptr) {
     try {
       const Nccl& n = nccl();
       // Deregistering and destroying are collective: only when every peer is tearing down too. After a
       // peer's failure, a rank that gave up, or when this rank's worker is gone (terminated: its peers
       // are not tearing down with it), nobody may answer: abort, which is local.
-      if (dead_ || c_.abort.failed_rank() >= 0 || c_.abort.abandoned.load()) {
+      if (failing) {
         n.ncclCommAbort(comm_);
       } else {
         if (window_ != nullptr) n.ncclCommWindowDeregister(comm_, window_);
@@ -229,9 +267,9 @@ kargs::RankArgs CudaBackend::rank_args(uint64_t seq) const {
   kargs::RankArgs a;
   a.peers = reinterpret_cast<const uint64_t*>(peers_);
   a.buffer_offset = c_.ws.bytes;
-  a.ws = c_.ws;
-  a.rank = rank();
-  a.world = world();
+  a.ws = kws_;
+  a.rank = kernel_rank();
+  a.world = kernel_world();
   if (capturing_) {
     a.seq = seq - capture_base_;
     a.epoch = reinterpret_cast<const uint64_t*>(epoch_);

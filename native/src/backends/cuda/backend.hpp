@@ -2,11 +2,14 @@
 // memory (the same kinds, windows and flat VA as the host backend), the kernels and their launcher,
 // one stream, the Control block and the dispatch counts' mirror in mapped host memory, the rank's
 // device memory pool, and one NCCL communicator (none where ranks of the process share the GPU:
-// NCCL refuses two ranks on one GPU). backend.cc: lifecycle; waits.cc: waits and Control; memory.cc: device memory; collectives.cc:
-// barrier, allGather, sessions, engram, pipeline; moe.cc: dispatch and combine; graph.cc: CUDA
-// graphs; bench.cc: baselines and benchmarks; interop.cc: the stream, context and events an
-// application's own GPU work uses beside the rank's, and checks of memory it hands over; async.cc:
-// asynchronous AGRS and engram fetches.
+// NCCL refuses two ranks on one GPU). In a world whose nodes share no memory (two levels) the rank
+// maps only its node's windows, its kernels run the node-local protocol (peer table, rank, world and
+// workspace layout of the node: kernel_rank() ...), and its communicator is its rail's (scaleout.hpp).
+// backend.cc: lifecycle; waits.cc: waits and Control; memory.cc: device memory; collectives.cc:
+// barrier, allGather, sessions, engram, pipeline; two_level.cc: the collectives across nodes and what
+// they refuse; moe.cc: dispatch and combine; graph.cc: CUDA graphs; bench.cc: baselines and
+// benchmarks; interop.cc: the stream, context and events an application's own GPU work uses beside
+// the rank's, and checks of memory it hands over; async.cc: asynchronous AGRS and engram fetches.
 #pragma once
 
 #include <cuda.h>
@@ -24,6 +27,7 @@
 #include "nccl.hpp"
 #include "pool.hpp"
 #include "runtime/context.hpp"
+#include "scaleout.hpp"
 #include "symmetric.hpp"
 
 namespace rankflow::cuda {
@@ -70,6 +74,7 @@ class CudaBackend final : public Backend {
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
   void check_alive(const char* op) const override;
+  void check_runs(const char* op) const override;  // two_level.cc
 
   // collectives.cc
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
@@ -138,6 +143,26 @@ class CudaBackend final : public Backend {
   CudaLayout& layout_of(DispatchLayout& l) const;
   kargs::Ring all_ring() const { return kargs::Ring{1, world() - 1, 1, world() - 1}; }
 
+  // ---- two levels (scale_out with more than one node): two_level.cc ----
+  bool two_level() const { return c_.nodes.two_level(); }
+  // What the kernels see of the world (rank_args): in two levels the node's ranks only (rank = local
+  // index, world = ranks per node, peers = the node's windows, workspace layout kws_ made for them),
+  // else the whole world. One view per rank, so that every kernel of the rank uses the same slots.
+  int kernel_rank() const { return two_level() ? c_.nodes.local : rank(); }
+  int kernel_world() const { return two_level() ? c_.nodes.ranks_per_node : world(); }
+  std::vector<uint64_t> kernel_peers() const;  // window bases, indexed by kernel rank
+  void two_level_barrier(uint64_t seq);
+  void two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out);
+  // Enqueues the op's header {seq, bytes} as my frame; the transfers that send it to every rail peer
+  // and receive theirs (into rail_frames_ + 16 * node).
+  void rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs);
+  // After the stream ran the op: every rail peer's header names this op and these bytes (else the
+  // nodes are out of step: RANK_FAILED, or gave other sizes: EINVAL).
+  void check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase);
+  // The rail communicator, aborted (its kernels stop) and forgotten: after a timeout or a peer's
+  // failure nobody answers on it, and the stream must drain. Local; noexcept.
+  void abort_rails() noexcept;
+
   // Waits (backend.cc). Each polls its condition in the runtime's one wait loop; a raised abort
   // word is passed on to the kernels (abort_mirror where the GPU cannot read the words itself) and
   // the wait goes on until the stream drained; then the Control block decides: a recorded timeout
@@ -188,8 +213,11 @@ class CudaBackend final : public Backend {
   CUdeviceptr stage_ = 0;
   int64_t stage_bytes_ = 0;
   int64_t ce_min_bytes_ = 0;
-  ncclComm_t comm_ = nullptr;
+  ncclComm_t comm_ = nullptr;          // the world's communicator; in two levels, the rank's rail's
   ncclWindow_t window_ = nullptr;
+  std::unique_ptr<NcclRails> rails_;   // two levels: the scale-out leg over comm_
+  WorkspaceLayout kws_;                // the workspace layout the kernels use (for kernel_world() ranks)
+  CUdeviceptr rail_frames_ = 0;        // two levels: [N] 16-byte headers received, then mine
   DevicePool pool_;
   CUevent op_start_ = nullptr, op_end_ = nullptr;
   bool op_timing_ = false;  // rank.timeOps(): record op_start_ / op_end_ around dispatch and combine

@@ -33,6 +33,7 @@ double timed(DevicePool& pool, CUstream s, F&& one, int iters, int warmup) {
 
 double CudaBackend::bench_all_to_all(int64_t bytes, int iters, int warmup) {
   check_alive("benchAlltoAll");
+  check_runs("benchAlltoAll");  // two levels: comm_ is the rail's, not the world's
   RF_CHECK(comm_ != nullptr, "EINVAL",
            c_.cfg.nccl ? "benchAlltoAll: this rank has no NCCL communicator (NCCL was not found: see rankflow doctor)"
                        : "benchAlltoAll: NCCL is unavailable in this group: its ranks share a GPU, and NCCL refuses two "
@@ -52,6 +53,7 @@ double CudaBackend::bench_all_to_all(int64_t bytes, int iters, int warmup) {
 
 double CudaBackend::bench_peer_copy(int64_t bytes, int iters, int warmup) {
   check_alive("benchPeerCopy");
+  check_runs("benchPeerCopy");
   const int peer = (rank() + 1) % world();
   RF_CHECK(bytes <= c_.buffer_bytes(), "EINVAL", "benchPeerCopy: more bytes than the peer's buffer");
   return translating(rank(), [&] {
@@ -66,6 +68,7 @@ double CudaBackend::bench_peer_copy(int64_t bytes, int iters, int warmup) {
 
 double CudaBackend::bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters) {
   check_alive("benchAgrs");
+  check_runs("benchAgrs");
   const int W = world();
   RF_CHECK(iters > 0 && bytes > 0 && bytes % 16 == 0, "EINVAL", "benchAgrs: bytes must be a positive multiple of 16");
   RF_CHECK(engine == "kernel" || engine == "ce" || engine == "auto", "EINVAL", "benchAgrs: engine is kernel, ce or auto");
@@ -129,7 +132,7 @@ double CudaBackend::bench_agrs(const std::string& op, const std::string& engine,
       auto barrier_now = [&] {
         kargs::BarrierArgs b;
         b.r = rank_args(c_.next_seq());
-        b.array = c_.ws.barrier;
+        b.array = kws_.barrier;
         launch_->barrier(stream_, b);
       };
       for (int i = 0; i < 3; ++i) once();  // warm-up

@@ -18,9 +18,10 @@ CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(
 // CPU called the barrier and its earlier GPU work is done. That is the CPU round already, so cuda needs
 // no second round of slot writes through the driver (the host executor does its CPU round on slots).
 void CudaBackend::barrier(uint64_t seq, bool cpu_round, bool wait) {
+  if (two_level()) return two_level_barrier(seq);
   kargs::BarrierArgs a;
   a.r = rank_args(seq);
-  a.array = c_.ws.barrier;
+  a.array = kws_.barrier;
   a.phase = kPhaseBarrier;
   a.complete = wait || cpu_round ? 1 : 0;
   translating(rank(), [&] { launch_->barrier(stream_, a); });
@@ -28,6 +29,7 @@ void CudaBackend::barrier(uint64_t seq, bool cpu_round, bool wait) {
 }
 
 void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  if (two_level()) return two_level_all_gather(seq, in, bytes, out);
   const int W = world();
   // The kernel moves 16-byte vectors: each rank's part is padded to 16 bytes in the buffer, and a host
   // (or unaligned) input is staged right behind the W gathered parts.
@@ -101,7 +103,7 @@ void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_str
   kargs::SignalArgs s;
   s.r = a;
   if (enter) {
-    s.array = c_.ws.enter;
+    s.array = kws_.enter;
     s.value = a.seq;
     s.ring = kargs::Ring{W - ring.src_start % W, ring.src_count, W - ring.dst_start % W, ring.dst_count};
     s.phase = kPhaseEnter;
@@ -113,7 +115,7 @@ void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_str
       RF_CU(cuMemcpyAsync, mem_.peer_base(p) + CUdeviceptr(dst_offset), src + CUdeviceptr(p * src_stride), size_t(bytes),
             stream_);
     }
-  s.array = c_.ws.done;
+  s.array = kws_.done;
   s.value = a.seq;
   s.ring = ring;
   s.phase = phase;
@@ -127,11 +129,11 @@ void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase
     s.ring = all_ring();
     s.phase = phase;
     if (enter_seq != 0) {
-      s.array = c_.ws.enter;
+      s.array = kws_.enter;
       s.value = enter_seq;
       launch_->signal(stream_, s);
     }
-    s.array = c_.ws.session;
+    s.array = kws_.session;
     s.value = value;
     launch_->signal(stream_, s);
   });
@@ -196,7 +198,7 @@ void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
     s.r = rank_args(seq);
     s.ring = all_ring();
     // Peers may still be fetching from the previous table: overwrite only once all of them moved on.
-    s.array = c_.ws.enter;
+    s.array = kws_.enter;
     s.value = seq;
     s.phase = kPhaseEnter;
     launch_->signal(stream_, s);
@@ -204,7 +206,7 @@ void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
       if (table.device) RF_CU(cuMemcpyAsync, mem_.host_segment(rank()), dev(table.ptr), size_t(bytes), stream_);
       else from_host(mem_.host_segment(rank()), table.ptr, bytes);
     }
-    s.array = c_.ws.done;
+    s.array = kws_.done;
     s.phase = kPhaseEngram;
     launch_->signal(stream_, s);
   });

@@ -93,9 +93,13 @@ void Launcher::all_gather(CUstream s, const kargs::AllGatherArgs& a) const {
   RF_CUDA_REQUIRE(a.bytes > 0 && a.bytes % 16 == 0 && aligned16(a.src) && a.dst_offset % 16 == 0,
                   "allGather: bytes (" + std::to_string(a.bytes) +
                       "), the source address and the destination offset must be multiples of 16; pad the rows.");
+  RF_CUDA_REQUIRE(a.parts >= 1 && a.parts <= kMaxRanks && (a.parts == 1 || (a.src_stride % 16 == 0 && a.part_stride % 16 == 0)),
+                  "allGather: " + std::to_string(a.parts) + " parts (1..64) need source and destination strides that are "
+                  "multiples of 16.");
   // Below 256 KiB per block, more blocks only add arrivals.
   constexpr int64_t kBytesPerBlock = int64_t(256) << 10;
-  const int want = int(std::min<int64_t>(sm_count_, (a.bytes * a.r.world + kBytesPerBlock - 1) / kBytesPerBlock));
+  const int64_t total = a.bytes * a.r.world * a.parts;
+  const int want = int(std::min<int64_t>(sm_count_, (total + kBytesPerBlock - 1) / kBytesPerBlock));
   launch(k_.all_gather, "allGather", grid_for(k_.all_gather, kCopyThreads, 0, std::max(1, want)), kCopyThreads, 0, s, a, true);
 }
 

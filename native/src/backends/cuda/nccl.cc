@@ -168,6 +168,15 @@ bool nccl_available(std::string* why) {
   return l.error.empty();
 }
 
+void set_nccl_host_id(const std::string& id) {
+  if (id.empty()) return;
+  // Ranks of one process call this from their own threads: one at a time (setenv is not reentrant
+  // with itself everywhere), and never overwriting (the first value is the one NCCL will have read).
+  static std::mutex m;
+  std::lock_guard<std::mutex> lock(m);
+  setenv("NCCL_HOSTID", id.c_str(), 0);
+}
+
 std::string nccl_version_string(int code) {
   return std::to_string(code / 10000) + "." + std::to_string(code % 10000 / 100) + "." +
          std::to_string(code % 100);

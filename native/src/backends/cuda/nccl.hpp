@@ -77,6 +77,13 @@ void set_nccl_search(const NcclSearch& s);
 const Nccl& nccl();
 bool nccl_available(std::string* why = nullptr);
 
+// NCCL_HOSTID for this process, unless it is set already (an application's value, or an earlier
+// group's): NCCL hashes it into the process's host identity once, at its first use, and ranks of one
+// communicator that share that identity must not share a GPU. Call before every first NCCL call of
+// a rank (ncclGetUniqueId, ncclCommInitRank); "" does nothing. The value comes from the TypeScript
+// layer (actors/world/nccl.ts: one per rankflow node), which reads the environment.
+void set_nccl_host_id(const std::string& id);
+
 // "2.28.9" from 22809.
 std::string nccl_version_string(int code);
 

@@ -1,9 +1,11 @@
-// The cuda backend's NCCL scale-out leg (see scaleout.hpp: compiled, never run).
+// The cuda backend's NCCL scale-out leg (scaleout.hpp): grouped ncclSend/ncclRecv over the rank's rail
+// communicator.
 #include "scaleout.hpp"
 
 #include <dlfcn.h>
 
 #include <mutex>
+#include <string>
 
 namespace rankflow::cuda {
 
@@ -25,40 +27,41 @@ const NcclP2p& nccl_p2p() {
   return p;
 }
 
-NcclRails::NcclRails(const Nodes& nodes, ncclComm_t comm, CUstream stream) : nodes_(nodes), comm_(comm), stream_(stream) {
+NcclRails::NcclRails(const Nodes& nodes, ncclComm_t comm, CUstream stream)
+    : nodes_(nodes), comm_(comm), stream_(stream), p2p_(nccl_p2p()) {
   RF_CHECK(nodes.two_level(), "EINVAL", "scale-out: a world of one node has no rails");
-  RF_CHECK(comm != nullptr, "STATE", "scale-out: the rank has no NCCL communicator");
+  RF_CHECK(comm != nullptr, "STATE", "scale-out: the rank has no rail communicator (ncclInit first)");
 }
 
 void NcclRails::exchange(const std::vector<RailTransfer>& sends, const std::vector<RailTransfer>& recvs) const {
-  const NcclP2p& p2p = nccl_p2p();
-  auto check_peer = [&](int peer) {
-    RF_CHECK(peer >= 0 && !nodes_.same_node(peer) && nodes_.local_of(peer) == nodes_.local, "EINVAL",
-             "scale-out: rank " + std::to_string(peer) + " is not a rail peer of this rank");
+  auto check_node = [&](int node, const char* what) {
+    RF_CHECK(node >= 0 && node < nodes_.num_nodes && node != nodes_.node, "EINVAL",
+             std::string("scale-out: a ") + what + " for node " + std::to_string(node) + ": rank " +
+                 std::to_string(nodes_.rank_of(nodes_.node, nodes_.local)) + " has rail peers on nodes [0, " +
+                 std::to_string(nodes_.num_nodes) + ") except its own (" + std::to_string(nodes_.node) + ")");
   };
+  // Every peer is checked before anything is enqueued: a refused exchange leaves no half of a group.
+  for (const RailTransfer& s : sends) check_node(s.node, "send");
+  for (const RailTransfer& r : recvs) check_node(r.node, "receive");
   RF_NCCL(ncclGroupStart);
   try {
-    for (const RailTransfer& s : sends) {
-      check_peer(s.peer);
-      nccl_check(p2p.send(reinterpret_cast<const void*>(s.ptr), s.bytes, ncclUint8, s.peer, comm_, stream_), "ncclSend", comm_);
-    }
-    for (const RailTransfer& r : recvs) {
-      check_peer(r.peer);
-      nccl_check(p2p.recv(reinterpret_cast<void*>(r.ptr), r.bytes, ncclUint8, r.peer, comm_, stream_), "ncclRecv", comm_);
-    }
+    for (const RailTransfer& s : sends)
+      if (s.bytes > 0) nccl_check(p2p_.send(reinterpret_cast<const void*>(s.ptr), s.bytes, ncclUint8, s.node, comm_, stream_), "ncclSend", comm_);
+    for (const RailTransfer& r : recvs)
+      if (r.bytes > 0) nccl_check(p2p_.recv(reinterpret_cast<void*>(r.ptr), r.bytes, ncclUint8, r.node, comm_, stream_), "ncclRecv", comm_);
   } catch (...) {
     nccl().ncclGroupEnd();  // the group must be closed whatever went wrong inside it
     throw;
   }
-  RF_NCCL(ncclGroupEnd);
+  nccl_check(nccl().ncclGroupEnd(), "ncclGroupEnd", comm_);
 }
 
 void NcclRails::exchange_counts(CUdeviceptr mine, CUdeviceptr theirs) const {
   std::vector<RailTransfer> sends, recvs;
   for (int k = 0; k < nodes_.num_nodes; ++k) {
     if (k == nodes_.node) continue;
-    sends.push_back({nodes_.rail_peer(k), mine + CUdeviceptr(k) * 8, 8});
-    recvs.push_back({nodes_.rail_peer(k), theirs + CUdeviceptr(k) * 8, 8});
+    sends.push_back({k, mine + CUdeviceptr(k) * 8, 8});
+    recvs.push_back({k, theirs + CUdeviceptr(k) * 8, 8});
   }
   exchange(sends, recvs);
 }
@@ -73,8 +76,8 @@ std::pair<std::vector<RailTransfer>, std::vector<RailTransfer>> NcclRails::recor
   for (int k = 0; k < nodes_.num_nodes; ++k) {
     const size_t out = size_t(send_counts[size_t(k)] * record_bytes), in = size_t(recv_counts[size_t(k)] * record_bytes);
     if (k != nodes_.node) {
-      if (out > 0) sends.push_back({nodes_.rail_peer(k), s, out});
-      if (in > 0) recvs.push_back({nodes_.rail_peer(k), r, in});
+      if (out > 0) sends.push_back({k, s, out});
+      if (in > 0) recvs.push_back({k, r, in});
     }
     s += out, r += in;
   }

@@ -1,13 +1,25 @@
 // The cuda backend's scale-out leg for worlds whose nodes share no memory (runtime/scaleout.hpp):
 // NCCL between nodes, NVLink symmetric memory inside the node, in the same two levels as the host
-// backend (backends/host/two_level*.cc), whose outputs it would have to match bit for bit.
+// backend (backends/host/two_level*.cc), whose outputs it must match bit for bit.
 //
-// STATUS: compiled, never run (the machines of this project have no GPU during development). What
-// exists is the NCCL leg below: grouped ncclSend/ncclRecv between a rank and its rail peers on the
-// rank's stream, over the world communicator CudaBackend already makes. What does not exist yet, and
-// why createGroup refuses cuda worlds that span nodes (actors/world/topology.ts, BACKEND_UNAVAILABLE):
-// the node-local kernels and their wiring into CudaBackend. The plan, step by step (each kernel on
-// the rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
+// One NCCL communicator per rail: the N ranks of local index j, one per node, NCCL rank = node index
+// (made by CudaBackend::nccl_init from a unique id that the rail's rank on node 0 makes; the
+// TypeScript layer carries it through the rendezvous, actors/world/nccl.ts). No communicator holds
+// two ranks of one node, so ranks of a node may share a GPU, and simulated nodes (processes on one
+// host with their own world.nodeId, hence their own NCCL_HOSTID) may share one GPU across processes:
+// NCCL then connects them over its network transport, as it would real nodes.
+//
+// STATUS: compiled here, not run on a GPU at the time of writing. What exists (two_level.cc):
+//   barrier   : the node's barrier kernel over the node's ranks, then a 16-byte frame (the op's seq)
+//               to and from every rail peer (NcclRails::exchange) on the rank's stream; the CPU waits
+//               for the stream, so every rank of the world has arrived when it returns.
+//   allGather : my part to my rail peers and theirs to me (NCCL, into my staging slots), then one
+//               all_gather kernel that writes every part this rank holds into every node peer's buffer
+//               at the flat offset (global rank * bytes): the flat result, bit for bit.
+//   every other collective (dispatch, combine, sessions, engram, pipeline, graphs, the NCCL baselines)
+//               refuses with BACKEND_UNAVAILABLE naming the op (CudaBackend::check_runs), the rank usable.
+// What remains: dispatch and combine across nodes, on this leg, step by step (each kernel on the
+// rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
 //   dispatch notify : kernel: routing, counts into the node's ranks (as the flat notify kernel, for
 //                     node peers only), per-node record counts + offsets (a prefix sum over tokens);
 //                     NCCL: the N int64 counts to / from the rail peers (exchange_counts).
@@ -23,12 +35,14 @@
 //                     then per rail N rounds: NCCL receives of the partial sums from lower nodes,
 //                     fold kernel (fp32, rank order, continuing the partial), NCCL sends of one frame
 //                     to every other node and receives from higher ones; final kernel: biases, bf16.
+// Then sessions, engram write and the pipeline in two levels, as the host backend runs them.
 // On one host, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 keep NCCL on its network transport, so that
 // simulated nodes (world.nodeId) exercise the scale-out leg as real nodes would.
 #pragma once
 
 #include <cuda.h>
 
+#include <utility>
 #include <vector>
 
 #include "nccl.hpp"
@@ -45,21 +59,26 @@ struct NcclP2p {
 // Throws BACKEND_UNAVAILABLE when the loaded NCCL has no point-to-point calls.
 const NcclP2p& nccl_p2p();
 
-// One transfer of an exchange: `bytes` of device memory at `ptr`, to or from global rank `peer`.
+// One transfer of an exchange: `bytes` of device memory at `ptr`, to or from the rail peer on node
+// `node` (its rank in the rail communicator).
 struct RailTransfer {
-  int peer;
+  int node;
   CUdeviceptr ptr;
   size_t bytes;
 };
 
-// The scale-out leg of one rank: its rail peers are the ranks of its local index on the other nodes.
+// The scale-out leg of one rank: its rail communicator (the ranks of its local index, one per node,
+// NCCL rank = node index). It does not own the communicator: CudaBackend destroys or aborts it.
 class NcclRails {
  public:
+  // Resolves ncclSend/ncclRecv here, so that a missing call refuses the rank when it is made, never
+  // in the middle of an op.
   NcclRails(const Nodes& nodes, ncclComm_t comm, CUstream stream);
 
   // The transfers to and from the rail peers for one op, as one NCCL group on the rank's stream: NCCL
   // matches a send with the peer's receive of the same size, and the group lets them progress together
-  // (no order of peers can deadlock). Only enqueues; the stream orders what follows.
+  // (no order of peers can deadlock). Only enqueues; the stream orders what follows. Zero-byte
+  // transfers are left out (both sides leave them out: the sizes are the op's, equal on every rank).
   void exchange(const std::vector<RailTransfer>& sends, const std::vector<RailTransfer>& recvs) const;
   // dispatch notify's counts: mine[k] (int64, device) goes to the rail peer on node k; theirs[k] receives its.
   void exchange_counts(CUdeviceptr mine, CUdeviceptr theirs) const;
@@ -68,11 +87,13 @@ class NcclRails {
   std::pair<std::vector<RailTransfer>, std::vector<RailTransfer>> record_transfers(
       const std::vector<int64_t>& send_counts, const std::vector<int64_t>& recv_counts, int64_t record_bytes, CUdeviceptr send_buf,
       CUdeviceptr recv_buf) const;
+  const Nodes& nodes() const { return nodes_; }
 
  private:
   Nodes nodes_;
   ncclComm_t comm_;
   CUstream stream_;
+  const NcclP2p& p2p_;
 };
 
 }  // namespace rankflow::cuda

@@ -169,7 +169,8 @@ void SymmetricMemory::map_fd(CUdeviceptr at, int64_t bytes, int fd, bool host_se
   map(at, bytes, g.h, host_segment, what);
 }
 
-void SymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, bool adopt_fds) {
+void SymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, bool adopt_fds, int share_first,
+                                   int share_count) {
   // Adopted fds are closed whatever happens below: they are ours from the moment we are called.
   struct Closer {
     const std::vector<ExportedSegments>& peers;
@@ -190,9 +191,13 @@ void SymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, b
   RF_CUDA_REQUIRE(int(peers.size()) == world_,
                   "import_peers needs one entry per rank (" + std::to_string(world_) + "), got " +
                       std::to_string(peers.size()) + ".");
+  const int share_end = share_count < 0 ? world_ : share_first + share_count;
+  RF_CUDA_REQUIRE(share_first >= 0 && share_first <= rank_ && rank_ < share_end && share_end <= world_,
+                  "import_peers: the ranks to map [" + std::to_string(share_first) + ", " + std::to_string(share_end) +
+                      ") must hold rank " + std::to_string(rank_) + " and lie in the world.");
   const int node = rank_ / scaleup_ranks_;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_) continue;
+    if (p == rank_ || p < share_first || p >= share_end) continue;
     const std::string of = " of rank " + std::to_string(p);
     map_fd(peer_base(p), device_bytes_, peers[p].device_fd, false, ("peer device segment" + of).c_str());
     // A hybrid rank reaches its scale-up peers' host segments through its own window; everything

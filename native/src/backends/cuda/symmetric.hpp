@@ -46,8 +46,11 @@ class SymmetricMemory {
   ExportedSegments exported() const { return {device_fd_, host_fd_}; }
   // Maps every peer's segments (indexed by global rank; my own entry is ignored) and grants my GPU
   // access. The fds are borrowed, unless adopt_fds: then they are closed here (fds that came over
-  // SCM_RIGHTS belong to the importer). Call on the rank's thread, its context current.
-  void import_peers(const std::vector<ExportedSegments>& peers, bool adopt_fds = false);
+  // SCM_RIGHTS belong to the importer). Where the world's nodes share no memory, only the ranks
+  // [share_first, share_first + share_count) of this rank's node are mapped; the other windows stay
+  // reserved but unmapped (their entries are ignored). Call on the rank's thread, its context current.
+  void import_peers(const std::vector<ExportedSegments>& peers, bool adopt_fds = false, int share_first = 0,
+                    int share_count = -1);
   // Closes the exported fds early, once every peer imported them (mappings keep the memory alive).
   void close_exported() noexcept;
   // Unmaps everything, frees the reservation and closes the fds this rank owns. Idempotent, noexcept:

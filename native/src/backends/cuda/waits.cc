@@ -39,6 +39,8 @@ template <typename Ready>
 void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
   // Aborts are passed on to the kernels, then the wait goes on until the stream drained (its memory
   // may be freed after); the kernels give up within the GPU timeout, the CPU waits a little longer.
+  // NCCL's kernels (two levels: the rail exchanges) never give up on their own: the rail
+  // communicator is aborted instead, which stops them (the rank is failing anyway).
   bool aborted = false;
   WaitRules r = c_.rules;
   r.abort = nullptr;
@@ -49,11 +51,13 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
       if (!aborted && abort_raised()) {
         aborted = true;
         mirror_abort();
+        if (two_level()) abort_rails();
       }
       return false;
     }, [] { return uint64_t(0); });
   } catch (const Error& e) {
     mark_dead("its GPU work did not finish within the GPU timeout");
+    if (two_level()) abort_rails();  // an NCCL kernel waiting for a rail peer: the stream drains now
     throw Error("TIMEOUT_GPU", std::string(e.what()) + ": the rank's GPU work did not finish", site.peer,
                 phase_name(site.phase));
   }

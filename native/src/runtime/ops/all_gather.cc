@@ -4,6 +4,7 @@
 namespace rankflow::ops {
 
 void all_gather(Context& c, Mem in, int64_t bytes, Mem out) {
+  c.backend().check_runs("allGather");
   RF_CHECK(bytes >= 0, "EINVAL", "allGather: bytes must be >= 0");
   RF_CHECK(bytes * c.world() <= c.buffer_bytes(), "EINVAL",
            "allGather of " + std::to_string(bytes) + " bytes per rank needs " + std::to_string(bytes * c.world()) +

@@ -6,6 +6,7 @@ namespace rankflow::ops {
 void combine(Context& c, uint32_t handle, const CombineInput& in, const CombineOutput& out) {
   Backend& b = c.backend();
   b.check_alive("combine");
+  b.check_runs("combine");
   auto l = handle_layout(c, handle, "input.handle");
   RF_CHECK(bool(in.x), "EINVAL", "combine: x is required");
   RF_CHECK(in.x.device || l->counts_known, "EINVAL",

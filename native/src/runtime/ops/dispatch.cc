@@ -18,6 +18,7 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
   const EpConfig& ep = c.cfg.ep;
   Backend& b = c.backend();
   b.check_alive("dispatch");
+  b.check_runs("dispatch");
   RF_CHECK(in.num_tokens >= 0 && in.num_tokens <= ep.max_tokens_per_rank, "EINVAL",
            "x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
                std::to_string(ep.max_tokens_per_rank) + ")");

@@ -5,6 +5,7 @@
 namespace rankflow::ops {
 
 void engram_write(Context& c, Mem table, int64_t entries, int64_t row_bytes) {
+  c.backend().check_runs("engramWrite");
   RF_CHECK(!c.session.open, "STATE", "engramWrite inside an AGRS session: close() the session first");
   const int fetches = c.inflight.count(InFlightKind::Fetch);
   RF_CHECK(fetches == 0, "STATE",
@@ -24,6 +25,7 @@ void engram_write(Context& c, Mem table, int64_t entries, int64_t row_bytes) {
 }
 
 void engram_fetch(Context& c, const int32_t* ids, int64_t n, Mem out) {
+  c.backend().check_runs("engramFetch");
   RF_CHECK(!c.session.open, "STATE", "engramFetch inside an AGRS session: close() the session first");
   RF_CHECK(c.engram_entries >= 0, "STATE", "engramFetch before engramWrite: no table is stored");
   const int64_t total = c.engram_entries * c.world();

@@ -8,6 +8,7 @@ namespace rankflow::ops {
 void capture_begin(Context& c) {
   Backend& b = c.backend();
   b.check_alive("capture");
+  b.check_runs("capture");
   RF_CHECK(!b.capturing(), "STATE", "capture: a capture is already in progress on this rank");
   b.capture_begin(c.seq);
   c.capture_start = c.seq;
@@ -26,6 +27,7 @@ uint64_t capture_end(Context& c, int64_t* ops) {
 
 void replay(Context& c, uint64_t graph, int64_t ops) {
   c.backend().check_alive("replay");
+  c.backend().check_runs("replay");
   c.backend().replay(graph, c.seq);
   c.seq += uint64_t(ops);
 }

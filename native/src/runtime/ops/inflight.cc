@@ -74,6 +74,7 @@ void check_input_ready(Context& c, Mem in, int64_t bytes, const char* what) {
 
 uint64_t session_issue(Context& c, bool reduce, Mem in, int64_t bytes_or_n, bool bf16, int64_t* result_at) {
   const char* op = reduce ? "session reduceScatter" : "session allGather";
+  c.backend().check_runs(op);
   RF_CHECK(c.session.open, "STATE", std::string(op) + " outside an AGRS session: call openSession() first");
   RF_CHECK(bytes_or_n >= 0, "EINVAL", std::string(op) + ": negative size");
   const int W = c.world();
@@ -108,6 +109,7 @@ uint64_t session_issue(Context& c, bool reduce, Mem in, int64_t bytes_or_n, bool
 }
 
 uint64_t engram_fetch_issue(Context& c, const int32_t* ids, int64_t n, uint64_t* device_out) {
+  c.backend().check_runs("engramFetch");
   RF_CHECK(!c.session.open, "STATE", "engramFetch inside an AGRS session: close() the session first");
   RF_CHECK(c.engram_entries >= 0, "STATE", "engramFetch before engramWrite: no table is stored");
   const int fetches = c.inflight.count(InFlightKind::Fetch);

@@ -25,6 +25,7 @@ int64_t session_reserve(Context& c, int64_t bytes, const char* op, int64_t slot_
 }
 
 void session_open(Context& c, int64_t max_bytes, int64_t max_all_gathers) {
+  c.backend().check_runs("session open");
   RF_CHECK(!c.session.open, "STATE", "an AGRS session is already open: close() it before opening another");
   const int fetches = c.inflight.count(InFlightKind::Fetch);
   RF_CHECK(fetches == 0, "STATE",
@@ -49,6 +50,7 @@ void session_open(Context& c, int64_t max_bytes, int64_t max_all_gathers) {
 }
 
 void session_close(Context& c) {
+  c.backend().check_runs("session close");
   RF_CHECK(c.session.open, "STATE", "no AGRS session is open");
   const int pending = c.inflight.session_ops();
   RF_CHECK(pending == 0, "STATE",
@@ -61,6 +63,7 @@ void session_close(Context& c) {
 }
 
 void session_all_gather(Context& c, Mem in, int64_t bytes, Mem out) {
+  c.backend().check_runs("session allGather");
   check_input_ready(c, in, bytes, "session allGather input");
   const int64_t at = session_reserve(c, bytes * c.world(), "session allGather");
   c.backend().check_alive("session allGather");
@@ -68,6 +71,7 @@ void session_all_gather(Context& c, Mem in, int64_t bytes, Mem out) {
 }
 
 void session_reduce_scatter(Context& c, Mem in, int64_t n, bool bf16, Mem out) {
+  c.backend().check_runs("session reduceScatter");
   const int64_t chunk = n * (bf16 ? 2 : 4);
   check_input_ready(c, in, chunk * c.world(), "session reduceScatter input");
   const int64_t at = session_reserve(c, chunk * c.world(), "session reduceScatter");

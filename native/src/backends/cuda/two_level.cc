@@ -1,0 +1,189 @@
+// The CUDA backend's collectives in a world whose nodes share no memory (scaleout.hpp), in the two
+// levels of the host backend (backends/host/two_level.cc), with the same results bit for bit: inside
+// the node the flat kernels over the node's ranks only (rank_args() gives them the node's peer table,
+// local rank and workspace layout), across nodes NCCL on the rank's rail communicator. Every step is
+// enqueued on the rank's stream; the CPU waits for it once, at the end of the op.
+//   barrier   : the node's barrier kernel, then a header frame to and from every rail peer: each was
+//               sent after its node's barrier, so once my stream ran, every rank of the world arrived
+//               (that is the CPU round too: the CPU waits for the stream, as the flat CPU-sync barrier
+//               waits for its kernel's completion flag).
+//   allGather : my part to my rail peers and theirs to me, into my staging slots in node order; then
+//               one all_gather kernel writes all N parts into every node peer's buffer (and mine), part
+//               k at rail peer k's flat slot (global rank * bytes), with the flat enter / done rounds.
+// Every exchange carries a 16-byte header {op seq, bytes} each way, checked once the CPU has waited
+// for the op (a barrier, an allGather into host memory; an allGather into a device tensor is not
+// waited for, so its headers go unchecked): nodes out of step fail the rank (RANK_FAILED), parts of
+// other sizes are refused (EINVAL). NCCL itself matches a send only with a receive of the same size,
+// so parts of other sizes can hang the exchange first: then the GPU timeout ends it (TIMEOUT_GPU).
+// Everything else refuses here (check_runs) before the runtime moves: BACKEND_UNAVAILABLE.
+#include <cstring>
+
+#include "backend.hpp"
+#include "driver.hpp"
+#include "faults.hpp"
+
+namespace rankflow::cuda {
+
+namespace {
+constexpr int64_t kHeaderBytes = 16;  // {uint64 seq, int64 bytes}
+}  // namespace
+
+void CudaBackend::check_runs(const char* op) const {
+  if (!two_level()) return;
+  // What two_level.cc runs; anything else would run the flat kernels over windows that are not mapped.
+  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather"};
+  for (const char* r : kRuns)
+    if (std::strcmp(op, r) == 0) return;
+  throw Error("BACKEND_UNAVAILABLE",
+              std::string(op) + " does not run across nodes on backend 'cuda' yet: this world spans " +
+                  std::to_string(c_.nodes.num_nodes) +
+                  " nodes (world.nodeId), where cuda runs barrier and allGather only (dispatch, combine and the rest "
+                  "need the node-local kernels planned in native/src/backends/cuda/scaleout.hpp); the rank stays usable. "
+                  "Use backend 'host' across nodes, or keep the world on one node",
+              rank());
+}
+
+std::vector<uint64_t> CudaBackend::kernel_peers() const {
+  if (!two_level()) return mem_.peer_table();
+  std::vector<uint64_t> table;
+  for (int j = 0; j < c_.nodes.ranks_per_node; ++j) table.push_back(uint64_t(mem_.peer_base(c_.nodes.rank_of(c_.nodes.node, j))));
+  return table;
+}
+
+void CudaBackend::abort_rails() noexcept {
+  rails_.reset();
+  if (comm_ == nullptr) return;
+  try {
+    nccl().ncclCommAbort(comm_);  // local: stops this communicator's kernels, answers nobody
+  } catch (...) {
+  }
+  comm_ = nullptr;
+  window_ = nullptr;
+}
+
+void CudaBackend::rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs) {
+  const Nodes& nd = c_.nodes;
+  const CUdeviceptr mine = rail_frames_ + CUdeviceptr(kHeaderBytes * nd.num_nodes);
+  const uint64_t words[2] = {seq, uint64_t(bytes)};
+  for (int w = 0; w < 4; ++w) {  // four 32-bit stores in stream order: no CPU wait, no host staging
+    const uint32_t v = uint32_t(words[w / 2] >> (32 * (w % 2)));
+    RF_CU(cuMemsetD32Async, mine + CUdeviceptr(4 * w), v, 1, stream_);
+  }
+  for (int k = 0; k < nd.num_nodes; ++k) {
+    if (k == nd.node) continue;
+    sends.push_back({k, mine, size_t(kHeaderBytes)});
+    recvs.push_back({k, rail_frames_ + CUdeviceptr(kHeaderBytes * k), size_t(kHeaderBytes)});
+  }
+}
+
+void CudaBackend::check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase) {
+  const Nodes& nd = c_.nodes;
+  std::vector<uint64_t> got(size_t(2 * nd.num_nodes));
+  translating(rank(), [&] { RF_CU(cuMemcpyDtoH, got.data(), rail_frames_, got.size() * 8); });
+  for (int k = 0; k < nd.num_nodes; ++k) {
+    if (k == nd.node) continue;
+    const uint64_t their_seq = got[size_t(2 * k)];
+    const int64_t their_bytes = int64_t(got[size_t(2 * k + 1)]);
+    const int peer = nd.rail_peer(k);
+    if (their_seq != seq) {
+      mark_dead("its rail peer on node " + std::to_string(k) + " ran another collective");
+      abort_rails();
+      throw Error("RANK_FAILED",
+                  std::string(op) + ": rank " + std::to_string(peer) + " (node " + std::to_string(k) + ", rank " +
+                      std::to_string(rank()) + "'s rail peer) sent the frame of collective #" + std::to_string(their_seq) +
+                      ", rank " + std::to_string(rank()) + " is in #" + std::to_string(seq) +
+                      ": the nodes ran different collectives; destroy the group",
+                  peer, phase_name(phase));
+    }
+    RF_CHECK(their_bytes == bytes, "EINVAL",
+             std::string(op) + ": rank " + std::to_string(peer) + " gave " + std::to_string(their_bytes) + " bytes, rank " +
+                 std::to_string(rank()) + " " + std::to_string(bytes) + ": every rank must give the same size");
+  }
+}
+
+void CudaBackend::two_level_barrier(uint64_t seq) {
+  RF_CHECK(rails_ != nullptr, "STATE", "barrier: rank " + std::to_string(rank()) + " has no rail communicator");
+  RF_CHECK(!capturing_, "STATE", "barrier: a world that spans nodes cannot capture its barrier in a graph on cuda yet");
+  translating(rank(), [&] {
+    kargs::BarrierArgs a;
+    a.r = rank_args(seq);
+    a.array = kws_.barrier;
+    a.phase = kPhaseBarrier;
+    a.complete = 0;  // the CPU waits for the stream: the rail frames come after the kernel
+    launch_->barrier(stream_, a);
+    std::vector<RailTransfer> sends, recvs;
+    rail_headers(seq, 0, sends, recvs);
+    rails_->exchange(sends, recvs);
+  });
+  wait_stream(WaitSite{kPhaseBarrier, -1, "rail"});
+  check_rail_headers(seq, 0, "barrier", kPhaseBarrier);
+}
+
+void CudaBackend::two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  const Nodes& nd = c_.nodes;
+  const int W = world(), N = nd.num_nodes, R = nd.ranks_per_node;
+  // As flat: parts padded to 16 bytes in the buffer; the N parts of my rail staged behind the W
+  // gathered ones, in node order (slot k: rail peer k's part; mine at my node's).
+  const int64_t padded = align_up(bytes > 0 ? bytes : 16, 16);
+  const int64_t gather = c_.ws.bytes;
+  const int64_t staging_at = gather + align_up(padded * W, kRegionAlignment);
+  RF_CHECK(staging_at + padded * N <= c_.sym_bytes, "EINVAL",
+           "allGather of " + std::to_string(bytes) + " bytes per rank on cuda across " + std::to_string(N) + " nodes needs " +
+               std::to_string(staging_at + padded * N - gather) + " buffer bytes (" + std::to_string(W) +
+               " parts padded to 16 bytes and " + std::to_string(N) + " staging slots); the buffer has " +
+               std::to_string(c_.buffer_bytes()) + " (raise buffer.bytes)");
+  RF_CHECK(rails_ != nullptr, "STATE", "allGather: rank " + std::to_string(rank()) + " has no rail communicator");
+  RF_CHECK(!capturing_, "STATE", "allGather: a world that spans nodes cannot capture its allGather in a graph on cuda yet");
+  const CUdeviceptr stage = mem_.window() + CUdeviceptr(staging_at);
+  const CUdeviceptr mine = stage + CUdeviceptr(padded * nd.node);
+  translating(rank(), [&] {
+    if (bytes > 0) {
+      if (in.device) RF_CU(cuMemcpyAsync, mine, CUdeviceptr(reinterpret_cast<uintptr_t>(in.ptr)), size_t(bytes), stream_);
+      else from_host(mine, in.ptr, bytes);
+    }
+    if (padded > bytes) RF_CU(cuMemsetD8Async, mine + CUdeviceptr(bytes), 0, size_t(padded - bytes), stream_);
+    std::vector<RailTransfer> sends, recvs;
+    rail_headers(seq, bytes, sends, recvs);
+    for (int k = 0; k < N; ++k) {
+      if (k == nd.node) continue;
+      sends.push_back({k, mine, size_t(bytes)});
+      recvs.push_back({k, stage + CUdeviceptr(padded * k), size_t(bytes)});
+    }
+    rails_->exchange(sends, recvs);
+    // Part k goes to every node peer p (me included) at gather + (k * R + local) * padded: the kernel
+    // adds local * bytes itself.
+    kargs::AllGatherArgs a;
+    a.r = rank_args(seq);
+    a.src = reinterpret_cast<const void*>(stage);
+    a.bytes = padded;
+    a.dst_offset = gather;
+    a.parts = N;
+    a.src_stride = padded;
+    a.part_stride = padded * R;
+    launch_->all_gather(stream_, a);
+    c_.traffic.out(bytes * (N - 1));
+    c_.traffic.up(bytes * N * (R - 1));
+    if (out.device && bytes > 0) {  // stream-ordered copies out of the buffer (it is reused by the next op)
+      const CUdeviceptr o = CUdeviceptr(reinterpret_cast<uintptr_t>(out.ptr)), g = mem_.window() + CUdeviceptr(gather);
+      if (padded == bytes) RF_CU(cuMemcpyAsync, o, g, size_t(bytes * W), stream_);
+      else
+        for (int p = 0; p < W; ++p)
+          RF_CU(cuMemcpyAsync, o + CUdeviceptr(p * bytes), g + CUdeviceptr(p * padded), size_t(bytes), stream_);
+    }
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhaseAllGather, -1, "done"});
+  check_rail_headers(seq, bytes, "allGather", kPhaseAllGather);
+  translating(rank(), [&] {
+    if (bytes == 0) return;
+    auto* o = out.as<uint8_t>();
+    if (padded == bytes) {
+      RF_CU(cuMemcpyDtoH, o, mem_.window() + CUdeviceptr(gather), size_t(bytes * W));
+      return;
+    }
+    for (int p = 0; p < W; ++p)
+      RF_CU(cuMemcpyDtoH, o + int64_t(p) * bytes, mem_.window() + CUdeviceptr(gather + int64_t(p) * padded), size_t(bytes));
+  });
+}
+
+}  // namespace rankflow::cuda

@@ -1,0 +1,98 @@
+// The cuda backend across nodes, on simulated nodes (API.md "More than one process", world.nodeId):
+// one process per node on this host, every rank on GPU 0. No communicator holds two ranks of a node,
+// and each process's NCCL_HOSTID names its node, so NCCL connects the nodes over its network
+// transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 as well), as real nodes would be. Worlds of 2
+// nodes x 1 rank and 2 nodes x 2 ranks (the node's 2 ranks in one process, devices [0, 0]): barriers
+// with and without CPU sync, allGathers checked against bytes computed here, the scale-out bytes of
+// an allGather, dispatch and ppExchange refused with BACKEND_UNAVAILABLE naming them (the group usable
+// after), and destroy. native/src/backends/cuda/two_level.cc is what runs.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { bytesOfTensor, forkChild, freePort, killAll, pattern, requireGpu } from './helpers.mjs';
+
+const FIXTURE = new URL('./fixtures/scaleout-child.mjs', import.meta.url);
+const children = [];
+
+before(() => requireGpu());
+after(() => killAll(children));
+
+/** The environment of a simulated node's process: NCCL on its network transport, over loopback; no inherited NCCL_HOSTID. */
+function nodeEnv() {
+  const env = { ...process.env, NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_SOCKET_IFNAME: process.env.NCCL_SOCKET_IFNAME ?? 'lo' };
+  delete env.NCCL_HOSTID;  // each process must get its node's (rankflow sets it)
+  return env;
+}
+
+/** The bytes a flat allGather gives: every global rank's part, in rank order. */
+const flat = (W, dtype, shape, round) => Buffer.concat(Array.from({ length: W }, (_, g) => Buffer.from(bytesOfTensor(pattern(dtype, shape, g, round)))));
+
+for (const [N, R] of [[2, 1], [2, 2]]) {
+  describe(`a cuda world of ${N} simulated nodes x ${R} rank${R > 1 ? 's' : ''}, all on GPU 0`, () => {
+    const W = N * R;
+    let procs;
+    before(async () => {
+      const url = `tcp://127.0.0.1:${await freePort()}`;
+      procs = Array.from({ length: N }, (_, n) => forkChild(FIXTURE, { url, worldSize: W, rankOffset: n * R, ranks: R, nodeId: `sim-node-${n}` },
+        { label: `node ${n} (${N}x${R})`, env: nodeEnv(), children }));
+    });
+
+    test('forms: two-level domains, a rail communicator per rank, NCCL_HOSTID per node', async () => {
+      const ready = await Promise.all(procs.map((c) => c.next('ready', 180_000)));
+      ready.forEach((m, n) => {
+        assert.deepEqual(m.globals, Array.from({ length: R }, (_, j) => n * R + j));
+        assert.deepEqual(m.states, Array(R).fill('ready'));
+        assert.equal(m.nccl, true);
+        assert.equal(m.domains.numNvlRanks, R);
+        assert.equal(m.domains.numRdmaRanks, N);
+        assert.equal(m.domains.rdmaRankIdx, n);
+        assert.match(m.ncclHostId ?? '', new RegExp(`^rankflow:[0-9a-f]{16}:sim-node-${n}$`));
+      });
+      assert.notEqual(ready[0].ncclHostId, ready[1].ncclHostId);
+      assert.equal(ready[0].ncclHostId.split(':')[1], ready[1].ncclHostId.split(':')[1], 'one world id');
+    });
+
+    test('20 barriers, then 20 with CPU sync, in step across the nodes', async () => {
+      for (const m of await Promise.all(procs.map((c) => c.next('barriers', 120_000)))) {
+        assert.equal(m.seqs, 40);
+        assert.deepEqual(m.states, Array(R).fill('ready'));
+      }
+    });
+
+    test('allGather equals the concatenation of every rank\'s part in rank order (the flat result), bit for bit', async () => {
+      for (const m of await Promise.all(procs.map((c) => c.next('allGather', 120_000)))) {
+        assert.equal(m.gathered.length, 8 * R);
+        for (const g of m.gathered) {
+          assert.equal(g.outDtype, g.dtype);
+          assert.deepEqual(g.outShape, [W * g.shape[0], ...g.shape.slice(1)]);
+          assert.ok(Buffer.from(g.bytes, 'base64').equals(flat(W, g.dtype, g.shape, g.round)), `rank ${g.rank}: ${g.dtype} [${g.shape}] round ${g.round}`);
+        }
+      }
+    });
+
+    test('an allGather sends each part once to each other node: scale-out (N-1) x part bytes, scale-up (R-1) x N x part', async () => {
+      for (const m of await Promise.all(procs.map((c) => c.next('traffic', 60_000)))) {
+        assert.equal(m.deltas.length, R);
+        for (const d of m.deltas) assert.deepEqual(d, { rank: d.rank, scaleOut: (N - 1) * m.part, scaleUp: (R - 1) * N * m.part });
+      }
+    });
+
+    test('dispatch and ppExchange refuse with BACKEND_UNAVAILABLE naming them; the group stays usable and in step', async () => {
+      for (const m of await Promise.all(procs.map((c) => c.next('refusals', 60_000)))) {
+        console.log(`the refusal: ${JSON.stringify(m.dispatch)}`);
+        assert.equal(m.dispatch?.code, 'BACKEND_UNAVAILABLE');
+        assert.match(m.dispatch.message, /^dispatch does not run across nodes on backend 'cuda' yet/);
+        assert.equal(m.pipeline?.code, 'BACKEND_UNAVAILABLE');
+        assert.match(m.pipeline.message, /^ppExchange does not run across nodes on backend 'cuda' yet/);
+        assert.deepEqual(m.afterDispatch, Array(R).fill('ready'));
+        assert.deepEqual(m.states, Array(R).fill('ready'));
+        for (const a of m.again) assert.ok(Buffer.from(a.bytes, 'base64').equals(flat(W, 'int32', [8], 9)), `rank ${a.rank}: the allGather after the refusals`);
+      }
+    });
+
+    test('destroy ends every rank destroyed, and every process exits 0', async () => {
+      for (const m of await Promise.all(procs.map((c) => c.next('done', 60_000)))) assert.deepEqual(m.states, Array(R).fill('destroyed'));
+      assert.deepEqual(await Promise.all(procs.map((c) => c.exited)), Array(N).fill(0));
+    });
+  });
+}
