@@ -6,8 +6,9 @@
 // The machine is the authority: the worker sends an op's event, and runs the op (one synchronous
 // native call) only if the machine took it; the call's end is DONE (back to the state the op came
 // from, `phases` in the record) or FAILED (EINVAL or BACKEND_UNAVAILABLE: refused, back, the rank
-// usable; anything else: failed). So an op is at most one transition in and one out. The one wait that can be long in the
-// middle of an op, a dispatch's CPU sync, becomes the state dispatching.cpuSync only while it happens
+// usable; anything else: failed). So an op is at most one transition in and one out. The one wait
+// that can be long in the middle of an op, a dispatch's CPU sync, becomes the state
+// dispatching.cpuSync only while it happens
 // (WAITING). Waits end natively (their deadline, or the abort words a peer's failure raises), so the
 // machine keeps no timers: a synchronous op gives it no chance to run one anyway.
 //
