@@ -9,7 +9,8 @@
 // host with their own world.nodeId, hence their own NCCL_HOSTID) may share one GPU across processes:
 // NCCL then connects them over its network transport, as it would real nodes.
 //
-// STATUS: compiled here, not run on a GPU at the time of writing. What exists (two_level.cc):
+// STATUS: run on the one-H200 machine (test/gpu/scaleout.test.mjs: 2 simulated nodes x 1 and x 2
+// ranks, all on GPU 0, passed 2026-12-01 at 9c17a2b). What exists (two_level.cc):
 //   barrier   : the node's barrier kernel over the node's ranks, then a 16-byte frame (the op's seq)
 //               to and from every rail peer (NcclRails::exchange) on the rank's stream; the CPU waits
 //               for the stream, so every rank of the world has arrived when it returns.
