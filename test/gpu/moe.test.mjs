@@ -267,6 +267,18 @@ for (const layout of layouts([2, 4])) {
       await bothCombine(c, hh, 16, {}, 'after the mismatch');
     });
 
+    test('a cached dispatch with outputs of numRecv rows from a handle made without CPU sync: EINVAL naming inputs.handle before anything moved; the group goes on', async () => {
+      const res = await cuda.run(program('moe-nosync-handle.mjs'), { seed: 19, tokens });
+      for (const o of res) {
+        assert.equal(o.error?.code, 'EINVAL', JSON.stringify(o));
+        assert.match(o.error.message, /inputs\.handle: its dispatch ran without a CPU sync/);
+        assert.equal(o.numRecv, null);
+        assert.equal(o.againNumRecv, null);
+      }
+      const [c, hh] = await bothDispatch(inputs(20, tokens), 'after the refused handle');
+      await bothCombine(c, hh, 21, {}, 'after the refused handle');
+    });
+
     test('an expert id out of range in a device tensor: the kernel reports it, the dispatch is EINVAL naming topkIdx; the group goes on', async () => {
       const res = await cuda.run(program('moe-bad-id.mjs'), { tokens });
       assert.ok(res.some((o) => o.code === 'EINVAL' && /topkIdx\[\d+\]: 999 is outside \[0, 256\)/.test(o.message)), JSON.stringify(res));

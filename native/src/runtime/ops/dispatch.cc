@@ -36,6 +36,10 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
     from = handle_layout(c, in.handle, "inputs.handle");
     RF_CHECK(from->num_tokens == in.num_tokens, "EINVAL",
              "x has " + std::to_string(in.num_tokens) + " tokens but the handle was made for " + std::to_string(from->num_tokens));
+    // Refused before anything moved: the CPU never got this routing's counts to size the outputs by.
+    RF_CHECK(from->counts_known || !in.cpu_sync, "EINVAL",
+             "inputs.handle: its dispatch ran without a CPU sync, so the CPU has no counts to size the outputs by; "
+             "dispatch with outputsInBuffer, or make the handle with a dispatch that syncs");
   } else {
     RF_CHECK(in.num_tokens == 0 || (in.topk_idx && in.topk_weights), "EINVAL",
              "topkIdx and topkWeights are required without a handle");
