@@ -96,3 +96,24 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
     });
   });
 }
+
+describe('a node of a cuda world killed between rounds of barriers and allGathers (2 simulated nodes x 1 rank, GPU 0)', () => {
+  test('the other node fails with RANK_FAILED naming rank 1, long before any timeout (60 s), and tears down', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const procs = [0, 1].map((n) => forkChild(FIXTURE, { url, worldSize: 2, rankOffset: n, ranks: 1, nodeId: `sim-node-${n}`, mode: 'loop', ...(n === 1 ? { crash: 3 } : {}) },
+      { label: `node ${n} (loop)`, env: nodeEnv(), children }));
+    await Promise.all(procs.map((c) => c.next('ready', 180_000)));
+    while ((await procs[0].next('round', 60_000)).round !== 3);
+    procs[1].send({ kind: 'die' });
+    assert.equal(await procs[1].exited, 'SIGKILL');
+    const m = await procs[0].next('failed', 60_000);
+    console.log(`after the kill: ${JSON.stringify(m.error)} in ${m.ms} ms`);
+    assert.equal(m.round, 3);
+    assert.ok(m.ms < 20_000, `failed after ${m.ms} ms`);
+    assert.equal(m.error.code, 'RANK_FAILED', JSON.stringify(m.error));
+    assert.match(m.error.message, /rank 1/);
+    assert.deepEqual(m.states, ['failed']);
+    assert.deepEqual((await procs[0].next('done', 60_000)).states, ['destroyed']);
+    assert.equal(await procs[0].exited, 0);
+  });
+});
