@@ -37,6 +37,13 @@
 //                     fold kernel (fp32, rank order, continuing the partial), NCCL sends of one frame
 //                     to every other node and receives from higher ones; final kernel: biases, bf16.
 // Then sessions, engram write and the pipeline in two levels, as the host backend runs them.
+// One thing the node-local view of today's kernels does not give dispatch and combine: their slots
+// are per SOURCE rank of the world (rank_count[s], expert_count[s][e], and the receive offsets of
+// every s), since a forwarder signals and writes for the remote sources of its rail as if they had
+// (backends/host/two_level_moe.cc). Their kernels need a workspace layout of W sources beside the
+// node's R peer windows (and enter slots per represented source and receiver), not the node's layout
+// that rank_args() gives barrier and allGather. And combine's sums stay the flat ones only if each
+// token's fp32 partial crosses the nodes in node order, continued, not summed per node and added.
 // On one host, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 keep NCCL on its network transport, so that
 // simulated nodes (world.nodeId) exercise the scale-out leg as real nodes would.
 #pragma once
