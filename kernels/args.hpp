@@ -283,6 +283,47 @@ struct CombineArgs {
   int32_t send_blocks = 0, pad = 0;
 };
 
+// ---- Two levels (kernels/two_level.cu; native/src/backends/cuda/two_level_moe.cc) ----
+
+// rf_tl_copy: item i copies items[i].bytes (a multiple of 4; 16-byte vectors where both ends and the
+// size allow) from src to dst (a node peer's window, over NVLink, or local memory). A warp per item.
+struct CopyItem {
+  uint64_t src = 0, dst = 0;
+  int64_t bytes = 0;
+};
+struct CopyArgs {
+  const CopyItem* items = nullptr;
+  int64_t count = 0;
+};
+
+// rf_tl_fold: item i writes dst[h] = partial[h] (0 without one) + the rows rows[first .. first +
+// count) of my combine region, added one after the other in that order, for h < hidden + topk (bf16
+// x row, then the fp32 weights: the flat combine's fp32 sums, continued). rows hold slot indices.
+struct FoldItem {
+  uint64_t partial = 0, dst = 0;  // fp32 [hidden + topk] each; partial 0 = start from 0
+  int32_t first = 0, count = 0;
+};
+struct FoldArgs {
+  const FoldItem* items = nullptr;
+  int64_t count = 0;
+  const int32_t* rows = nullptr;
+  const uint16_t* combine_x = nullptr;     // my combine region: [slots, hidden] bf16
+  const float* combine_weights = nullptr;  // [slots, topk]
+  int32_t hidden = 0, topk = 0;
+};
+
+// rf_tl_finish: per token t, out_x = bf16(sums[t][h] + bias0 + bias1) (added in that order, RNE),
+// out_weights = sums[t][hidden + k]: the flat combine's last step.
+struct FinishArgs {
+  const float* sums = nullptr;  // [T, hidden + topk]
+  const uint16_t* bias0 = nullptr;
+  const uint16_t* bias1 = nullptr;
+  uint16_t* out_x = nullptr;
+  float* out_weights = nullptr;
+  int64_t num_tokens = 0;
+  int32_t hidden = 0, topk = 0;
+};
+
 // ---- Small kernels ----
 
 // rf_epoch_advance: the last node of a captured graph moves the epoch past the graph's ops.

@@ -211,6 +211,23 @@ void Launcher::epoch_advance(CUstream s, const kargs::EpochArgs& a) const {
   launch(k_.epoch_advance, "epoch advance", 1, 32, 0, s, a, false);
 }
 
+void Launcher::tl_copy(CUstream s, const kargs::CopyArgs& a) const {
+  if (a.count <= 0) return;
+  const int blocks = int(std::min<int64_t>(int64_t(sm_count_) * 4, (a.count + 7) / 8));  // 8 warps per block
+  launch(k_.tl_copy, "two-level copy", std::max(1, blocks), 256, 0, s, a, false);
+}
+
+void Launcher::tl_fold(CUstream s, const kargs::FoldArgs& a) const {
+  if (a.count <= 0) return;
+  launch(k_.tl_fold, "two-level combine fold", int(std::min<int64_t>(int64_t(sm_count_) * 8, a.count)), 256, 0, s, a, false);
+}
+
+void Launcher::tl_finish(CUstream s, const kargs::FinishArgs& a) const {
+  if (a.num_tokens <= 0) return;
+  launch(k_.tl_finish, "two-level combine finish", int(std::min<int64_t>(int64_t(sm_count_) * 8, a.num_tokens)), 256, 0, s, a,
+         false);
+}
+
 void Launcher::busy(CUstream s, const kargs::BusyArgs& a, int blocks) const {
   CUdevice dev = 0;
   RF_CU(cuCtxGetDevice, &dev);

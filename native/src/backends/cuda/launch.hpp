@@ -41,6 +41,10 @@ class Launcher {
   void reduce(CUstream s, const kargs::ReduceArgs& a) const;
   void engram_fetch(CUstream s, const kargs::FetchArgs& a) const;
   void epoch_advance(CUstream s, const kargs::EpochArgs& a) const;
+  // Two levels (two_level.cu): a list of copies, the combine's folds, its last step. Empty lists launch nothing.
+  void tl_copy(CUstream s, const kargs::CopyArgs& a) const;
+  void tl_fold(CUstream s, const kargs::FoldArgs& a) const;
+  void tl_finish(CUstream s, const kargs::FinishArgs& a) const;
   // Tests: `blocks` blocks that each hold a whole SM (all of its shared memory) for a.ns nanoseconds.
   void busy(CUstream s, const kargs::BusyArgs& a, int blocks) const;
 

@@ -31,6 +31,10 @@ Modules::Modules() {
     k_.fetch = entry(load("engram"), "engram", "rf_engram_fetch");
     k_.epoch_advance = entry(load("graph"), "graph", "rf_epoch_advance");
     k_.busy = entry(load("busy"), "busy", "rf_busy");
+    const CUmodule two = load("two_level");
+    k_.tl_copy = entry(two, "two_level", "rf_tl_copy");
+    k_.tl_fold = entry(two, "two_level", "rf_tl_fold");
+    k_.tl_finish = entry(two, "two_level", "rf_tl_finish");
   } catch (...) {
     for (CUmodule m : modules_) driver().cuModuleUnload(m);
     throw;
