@@ -29,6 +29,7 @@
 #include "runtime/context.hpp"
 #include "scaleout.hpp"
 #include "symmetric.hpp"
+#include "two_level_moe.hpp"
 
 namespace rankflow::cuda {
 
@@ -57,6 +58,12 @@ struct CudaLayout final : LayoutState {
   CUdeviceptr idx = 0, weights = 0;  // inside routing: [maxT * K] int32, [maxT * K] fp32
   bool cached = false;               // made from a handle: the data kernel announces `enter` itself
   bool mirrored = false;             // its notify mirrored the counts into mapped host memory
+  // Two levels (two_level_moe.cc): no device routing; the host's plan, my receive order and its
+  // weights (for combine), and the device memory the op's transfers use until its stream ran.
+  std::shared_ptr<TwoLevelRouting> two;
+  std::vector<int32_t> src_rank, src_token;
+  std::vector<float> recv_weights;
+  std::vector<std::shared_ptr<DeviceBlock>> keep;
 };
 
 class CudaBackend final : public Backend {
@@ -153,6 +160,17 @@ class CudaBackend final : public Backend {
   std::vector<uint64_t> kernel_peers() const;  // window bases, indexed by kernel rank
   void two_level_barrier(uint64_t seq);
   void two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out);
+  // Dispatch and combine across nodes (two_level_moe.cc, two_level_combine.cc): the moe.cc entry
+  // points of the same names hand over to these in two levels.
+  void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in);
+  void two_level_counts(DispatchLayout& l);
+  void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
+  void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out);
+  // The node's barrier kernel on slot array `array` (each array used at most once per op).
+  void node_barrier(uint64_t seq, int64_t array, Phase phase);
+  // Device memory for the op's transfers, kept in the layout (tl_upload: filled from host memory).
+  CUdeviceptr tl_block(CudaLayout& st, int64_t bytes, const char* what);
+  CUdeviceptr tl_upload(CudaLayout& st, const void* src, int64_t bytes, const char* what);
   // Enqueues the op's header {seq, bytes} as my frame; the transfers that send it to every rail peer
   // and receive theirs (into rail_frames_ + 16 * node).
   void rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs);

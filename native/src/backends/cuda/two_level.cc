@@ -15,6 +15,7 @@
 // waited for, so its headers go unchecked): nodes out of step fail the rank (RANK_FAILED), parts of
 // other sizes are refused (EINVAL). NCCL itself matches a send only with a receive of the same size,
 // so parts of other sizes can hang the exchange first: then the GPU timeout ends it (TIMEOUT_GPU).
+// dispatch and combine: two_level_moe.cc, two_level_data.cc, two_level_combine.cc.
 // Everything else refuses here (check_runs) before the runtime moves: BACKEND_UNAVAILABLE.
 #include <cstring>
 
@@ -31,14 +32,15 @@ constexpr int64_t kHeaderBytes = 16;  // {uint64 seq, int64 bytes}
 void CudaBackend::check_runs(const char* op) const {
   if (!two_level()) return;
   // What two_level.cc runs; anything else would run the flat kernels over windows that are not mapped.
-  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather"};
+  // dispatch (with a CPU sync; two_level_notify refuses one without) and combine: two_level_moe.cc.
+  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather", "dispatch", "combine"};
   for (const char* r : kRuns)
     if (std::strcmp(op, r) == 0) return;
   throw Error("BACKEND_UNAVAILABLE",
               std::string(op) + " does not run across nodes on backend 'cuda' yet: this world spans " +
                   std::to_string(c_.nodes.num_nodes) +
-                  " nodes (world.nodeId), where cuda runs barrier and allGather only (dispatch, combine and the rest "
-                  "need the node-local kernels planned in native/src/backends/cuda/scaleout.hpp); the rank stays usable. "
+                  " nodes (world.nodeId), where cuda runs barrier, allGather, dispatch (with a CPU sync) and combine only "
+                  "(the rest needs the two-level steps planned in native/src/backends/cuda/scaleout.hpp); the rank stays usable. "
                   "Use backend 'host' across nodes, or keep the world on one node",
               rank());
 }
