@@ -12,7 +12,7 @@
 //      frame to every other node and receives from the nodes above; the fold kernel again for the
 //      sums of my tokens that came from above. Frames hold entries {hidden fp32, topk fp32} in
 //      (source node, token) order, which both ends derive from the routing, so the host sizes every
-//      transfer exactly.
+//      transfer exactly. A header {seq, entry bytes} goes to and from every rail peer before them.
 //   3. The finish kernel: bias0, then bias1, added to each sum, rounded to bf16 (RNE); the weights.
 #include <cstring>
 
@@ -158,14 +158,19 @@ void CudaBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const Combi
     node_barrier(seq, kws_.barrier, kPhaseEnter);  // every node peer's combine region is free for this op
     launch_->tl_copy(stream_, c);
     node_barrier(seq, kws_.cpu_barrier, kPhaseCombineData);  // every row of my combine region is there
+    // The header {seq, entry bytes} to and from every rail peer first, in a group of its own: NCCL
+    // matches a pair's transfers in the order both post them, and the frames below go one way each.
     std::vector<RailTransfer> sends, recvs;
+    rail_headers(seq, entry, sends, recvs);
+    rails_->exchange(sends, recvs);
+    sends.clear();
+    recvs.clear();
     for (int k = 0; k < n; ++k) recvs.push_back({k, bbuf + CUdeviceptr(below_at[size_t(k)] * entry), size_t(below[size_t(k)] * entry)});
     rails_->exchange(sends, recvs);
     fa.items = reinterpret_cast<const kargs::FoldItem*>(first_at);
     fa.count = int64_t(first.size());
     launch_->tl_fold(stream_, fa);
     recvs.clear();
-    rail_headers(seq, entry, sends, recvs);
     for (int k = 0; k < N; ++k) {
       if (k == n) continue;
       sends.push_back({k, obuf + CUdeviceptr(out_at[size_t(k)] * entry), size_t(outgoing[size_t(k)] * entry)});
