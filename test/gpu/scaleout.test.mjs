@@ -4,12 +4,17 @@
 // transport (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 as well), as real nodes would be. Worlds of 2
 // nodes x 1 rank and 2 nodes x 2 ranks (the node's 2 ranks in one process, devices [0, 0]): barriers
 // with and without CPU sync, allGathers checked against bytes computed here, the scale-out bytes of
-// an allGather, dispatch and ppExchange refused with BACKEND_UNAVAILABLE naming them (the group usable
-// after), and destroy. native/src/backends/cuda/two_level.cc is what runs.
+// an allGather, dispatch (with a CPU sync) and combine on the host backend's scale-out cases
+// (test/fixtures/scaleout-cases.mjs: bf16, fp8 with scales, -1 slots, an empty rank, every token to
+// one expert, cached handles, combines with biases and given weights) bit-identical to a one-node host
+// group of the same size and with the two-level design's scale-out bytes, openSession and ppExchange
+// refused with BACKEND_UNAVAILABLE naming them (the group usable after), and destroy.
+// native/src/backends/cuda/two_level*.cc is what runs.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { bytesOfTensor, forkChild, freePort, killAll, pattern, requireGpu } from './helpers.mjs';
+import { bytesOfTensor, createGroup, forkChild, freePort, killAll, pattern, requireGpu } from './helpers.mjs';
+import { BUFFER as MOE_BUFFER, EXPERTS, HIDDEN, TOPK, dispatchInput, runMoeCases, tokensOf } from '../fixtures/scaleout-cases.mjs';
 
 const FIXTURE = new URL('./fixtures/scaleout-child.mjs', import.meta.url);
 const children = [];
@@ -26,6 +31,26 @@ function nodeEnv() {
 
 /** The bytes a flat allGather gives: every global rank's part, in rank order. */
 const flat = (W, dtype, shape, round) => Buffer.concat(Array.from({ length: W }, (_, g) => Buffer.from(bytesOfTensor(pattern(dtype, shape, g, round)))));
+
+/** The MoE cases on a one-node host group of W ranks (the flat results, which the host backend's two levels equal too). */
+async function oracle(W) {
+  const out = {};
+  const g = await createGroup({ ranks: W, backend: 'host', buffer: MOE_BUFFER, timeouts: { cpuSeconds: 60, gpuSeconds: 60 } });
+  try {
+    await runMoeCases(g, Array.from({ length: W }, (_, r) => r), (name, values) => { out[name] = values; });
+  } finally {
+    await g.destroy();
+  }
+  return out;
+}
+
+/** The destination ranks of each token of global rank g in a dispatch case, ascending. */
+function destinations(g, name, W) {
+  const { topkIdx } = dispatchInput(g, name);
+  const perRank = EXPERTS / W;
+  return Array.from({ length: tokensOf(g) }, (_, t) =>
+    [...new Set(Array.from(topkIdx.subarray(t * TOPK, (t + 1) * TOPK)).filter((e) => e >= 0).map((e) => Math.floor(e / perRank)))].sort((a, b) => a - b));
+}
 
 for (const [N, R] of [[2, 1], [2, 2]]) {
   describe(`a cuda world of ${N} simulated nodes x ${R} rank${R > 1 ? 's' : ''}, all on GPU 0`, () => {
@@ -77,14 +102,46 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
       }
     });
 
-    test('dispatch and ppExchange refuse with BACKEND_UNAVAILABLE naming them; the group stays usable and in step', async () => {
+    test('dispatch and combine equal a one-node host group\'s, bit for bit; scale-out bytes as the two-level design sends them', async () => {
+      const msgs = await Promise.all(procs.map((c) => c.next('moe', 300_000)));
+      const got = {};
+      for (const m of msgs)
+        for (const [name, values] of Object.entries(m.results)) {
+          got[name] ??= [];
+          m.globals.forEach((g, i) => (got[name][g] = values[i]));
+        }
+      const want = await oracle(W);
+      for (const [name, values] of Object.entries(want)) {
+        if (name.startsWith('traffic.')) continue;
+        assert.deepEqual(got[name], values, name);
+      }
+      const nodeOf = (g) => Math.floor(g / R);
+      // dispatch: tokens x distinct remote destination nodes x record bytes (row, k ids, k weights, token id).
+      const record = HIDDEN * 2 + TOPK * 8 + 4;
+      for (let g = 0; g < W; g++) {
+        const remoteNodes = destinations(g, 'dispatch.bf16', W).map((d) => new Set(d.map(nodeOf).filter((n) => n !== nodeOf(g))).size);
+        assert.equal(got['traffic.dispatch.bf16'][g].out, remoteNodes.reduce((a, b) => a + b, 0) * record, `dispatch traffic of rank ${g}`);
+      }
+      // combine: one fp32 row (hidden + topk floats) per hop that leaves node a on rail i.
+      const hops = new Array(W).fill(0);
+      for (let p = 0; p < W; p++)
+        for (const d of destinations(p, 'dispatch.bf16', W)) {
+          const chain = [...new Set(d.map(nodeOf))];
+          if (chain.length === 0) continue;
+          if (chain[chain.length - 1] !== nodeOf(p)) chain.push(nodeOf(p));
+          for (let h = 0; h + 1 < chain.length; h++) hops[chain[h] * R + (p % R)] += 1;
+        }
+      got['traffic.combine.plain'].forEach((t, g) => assert.equal(t.out, hops[g] * (HIDDEN + TOPK) * 4, `combine traffic of rank ${g}`));
+    });
+
+    test('openSession and ppExchange refuse with BACKEND_UNAVAILABLE naming them; the group stays usable and in step', async () => {
       for (const m of await Promise.all(procs.map((c) => c.next('refusals', 60_000)))) {
-        console.log(`the refusal: ${JSON.stringify(m.dispatch)}`);
-        assert.equal(m.dispatch?.code, 'BACKEND_UNAVAILABLE');
-        assert.match(m.dispatch.message, /^dispatch does not run across nodes on backend 'cuda' yet/);
+        console.log(`the refusal: ${JSON.stringify(m.session)}`);
+        assert.equal(m.session?.code, 'BACKEND_UNAVAILABLE');
+        assert.match(m.session.message, /^session open does not run across nodes on backend 'cuda' yet/);
         assert.equal(m.pipeline?.code, 'BACKEND_UNAVAILABLE');
         assert.match(m.pipeline.message, /^ppExchange does not run across nodes on backend 'cuda' yet/);
-        assert.deepEqual(m.afterDispatch, Array(R).fill('ready'));
+        assert.deepEqual(m.afterSession, Array(R).fill('ready'));
         assert.deepEqual(m.states, Array(R).fill('ready'));
         for (const a of m.again) assert.ok(Buffer.from(a.bytes, 'base64').equals(flat(W, 'int32', [8], 9)), `rank ${a.rank}: the allGather after the refusals`);
       }
