@@ -17,8 +17,12 @@
 //   allGather : my part to my rail peers and theirs to me (NCCL, into my staging slots), then one
 //               all_gather kernel that writes every part this rank holds into every node peer's buffer
 //               at the flat offset (global rank * bytes): the flat result, bit for bit.
-//   every other collective (dispatch, combine, sessions, engram, pipeline, graphs, the NCCL baselines)
-//               refuses with BACKEND_UNAVAILABLE naming the op (CudaBackend::check_runs), the rank usable.
+//   dispatch  : with a CPU sync (and cached from such a handle), two_level_moe.cc / two_level_data.cc;
+//   combine   : two_level_combine.cc. Host-planned (routing, counts, offsets, fold order), carried out by
+//               the copy / fold / finish kernels of kernels/two_level.cu between node barriers, NCCL on
+//               the rails. Not yet run on a GPU at the time of writing: TWO_LEVEL_MOE_STATUS.md.
+//   every other collective (dispatch without a CPU sync, sessions, engram, pipeline, graphs, the NCCL
+//               baselines) refuses with BACKEND_UNAVAILABLE naming the op, the rank usable.
 // What remains: dispatch and combine across nodes, on this leg, step by step (each kernel on the
 // rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
 //   dispatch notify : kernel: routing, counts into the node's ranks (as the flat notify kernel, for
