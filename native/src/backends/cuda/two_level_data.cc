@@ -155,9 +155,10 @@ void CudaBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const
     }
     const CUdeviceptr sd = tl_upload(st, side.data(), int64_t(side.size()), "dispatch forward side");
     for (const Run& r2 : runs) fwd.push_back({uint64_t(sd + CUdeviceptr(r2.at)), r2.dst, r2.bytes});
-    node_barrier(seq, kws_.barrier, kPhaseEnter);  // every node peer read its table; its earlier work is done
+    // Uploaded before the barrier: a copy from host memory never waits behind a kernel that waits on a peer.
     c.items = reinterpret_cast<const kargs::CopyItem*>(tl_upload(st, fwd.data(), int64_t(fwd.size() * sizeof(kargs::CopyItem)), "dispatch forward list"));
     c.count = int64_t(fwd.size());
+    node_barrier(seq, kws_.barrier, kPhaseEnter);  // every node peer read its table; its earlier work is done
     launch_->tl_copy(stream_, c);
     node_barrier(seq, kws_.cpu_barrier, kPhaseDispatchData);  // every row of my region is there
   });
