@@ -33,7 +33,12 @@ function nodeEnv() {
 const flat = (W, dtype, shape, round) => Buffer.concat(Array.from({ length: W }, (_, g) => Buffer.from(bytesOfTensor(pattern(dtype, shape, g, round)))));
 
 /** The MoE cases on a one-node host group of W ranks (the flat results, which the host backend's two levels equal too). */
-async function oracle(W) {
+const oracles = new Map();
+function oracle(W) {
+  if (!oracles.has(W)) oracles.set(W, runOracle(W));
+  return oracles.get(W);
+}
+async function runOracle(W) {
   const out = {};
   const g = await createGroup({ ranks: W, backend: 'host', buffer: MOE_BUFFER, timeouts: { cpuSeconds: 60, gpuSeconds: 60 } });
   try {
@@ -132,6 +137,19 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
           for (let h = 0; h + 1 < chain.length; h++) hops[chain[h] * R + (p % R)] += 1;
         }
       got['traffic.combine.plain'].forEach((t, g) => assert.equal(t.out, hops[g] * (HIDDEN + TOPK) * 4, `combine traffic of rank ${g}`));
+    });
+
+    test('on device tensors (rank programs) too; a dispatch without a CPU sync refuses with BACKEND_UNAVAILABLE naming it', async () => {
+      const msgs = await Promise.all(procs.map((c) => c.next('moeDevice', 300_000)));
+      const want = await oracle(W);
+      for (const m of msgs)
+        m.results.forEach((r, i) => {
+          const g = m.globals[i];
+          assert.deepEqual(r.dispatched, want['dispatch.bf16'][g], `dispatch on device, rank ${g}`);
+          assert.deepEqual(r.combined, want['combine.plain'][g], `combine on device, rank ${g}`);
+          assert.equal(r.nosync?.code, 'BACKEND_UNAVAILABLE', JSON.stringify(r.nosync));
+          assert.match(r.nosync.message, /^dispatch without a CPU sync \(outputsInBuffer\) does not run across nodes on backend 'cuda' yet/);
+        });
     });
 
     test('openSession and ppExchange refuse with BACKEND_UNAVAILABLE naming them; the group stays usable and in step', async () => {
