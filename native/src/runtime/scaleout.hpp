@@ -27,7 +27,32 @@ struct Nodes {
   int rail_peer(int n) const { return rank_of(n, local); }
   bool same_node(int g) const { return node_of(g) == node; }
   int first_local() const { return node * ranks_per_node; }
+  // The nodes (bit k) that hold a rank of `ranks` (bit g: global rank g).
+  uint64_t nodes_of(uint64_t ranks) const;
+  // The ranks of `ranks` on this node, as local indices (bit j: local rank j).
+  uint64_t locals_of(uint64_t ranks) const;
 };
+
+// Bit masks of ranks and nodes, for the two-level MoE of both backends.
+inline uint64_t low_bits(int n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
+// The highest bit of `mask` below bit n, the lowest above it, the highest of all: -1 where none.
+inline int highest_below(uint64_t mask, int n) {
+  const uint64_t m = mask & low_bits(n);
+  return m == 0 ? -1 : 63 - __builtin_clzll(m);
+}
+inline int lowest_above(uint64_t mask, int n) {
+  const uint64_t m = n >= 63 ? 0 : mask & ~low_bits(n + 1);
+  return m == 0 ? -1 : __builtin_ctzll(m);
+}
+inline int highest(uint64_t mask) { return mask == 0 ? -1 : 63 - __builtin_clzll(mask); }
+
+inline uint64_t Nodes::nodes_of(uint64_t ranks) const {
+  uint64_t out = 0;
+  for (int k = 0; k < num_nodes; ++k)
+    if ((ranks >> (k * ranks_per_node)) & low_bits(ranks_per_node)) out |= uint64_t(1) << k;
+  return out;
+}
+inline uint64_t Nodes::locals_of(uint64_t ranks) const { return (ranks >> first_local()) & low_bits(ranks_per_node); }
 
 // Where a rank's scale-out leg listens (one per global rank; the rank's own entry is ignored).
 struct ScaleoutEndpoint {

@@ -25,16 +25,6 @@ namespace rankflow::cuda {
 namespace {
 
 CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-uint64_t low_bits(int n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
-int highest_below(uint64_t mask, int n) {
-  const uint64_t m = mask & low_bits(n);
-  return m == 0 ? -1 : 63 - __builtin_clzll(m);
-}
-int lowest_above(uint64_t mask, int n) {
-  const uint64_t m = n >= 63 ? 0 : mask & ~low_bits(n + 1);
-  return m == 0 ? -1 : __builtin_ctzll(m);
-}
-int highest(uint64_t mask) { return mask == 0 ? -1 : 63 - __builtin_clzll(mask); }
 
 }  // namespace
 

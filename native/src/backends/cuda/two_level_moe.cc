@@ -32,14 +32,6 @@ namespace rankflow::cuda {
 namespace {
 
 CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-uint64_t low_bits(int n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
-
-uint64_t nodes_of(uint64_t mask, const Nodes& nd) {
-  uint64_t out = 0;
-  for (int k = 0; k < nd.num_nodes; ++k)
-    if ((mask >> (k * nd.ranks_per_node)) & low_bits(nd.ranks_per_node)) out |= uint64_t(1) << k;
-  return out;
-}
 
 // A record's routing part: {int32 token, int32 ids[K], fp32 weights[K]}; its data part: {x row, scales}.
 int64_t meta_bytes(int64_t K) { return (1 + 2 * K) * 4; }
@@ -115,10 +107,10 @@ void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
       }
       mask |= uint64_t(1) << (e / epr);
     }
-    const uint64_t nodes = nodes_of(mask, nd);
+    const uint64_t nodes = nd.nodes_of(mask);
     own.token.push_back(int32_t(t));
     own.nodes.push_back(nodes);
-    own.locals.push_back((mask >> nd.first_local()) & low_bits(R));
+    own.locals.push_back(nd.locals_of(mask));
     own.idx.insert(own.idx.end(), idx.begin() + t * K, idx.begin() + (t + 1) * K);
     own.weights.insert(own.weights.end(), w.begin() + t * K, w.begin() + (t + 1) * K);
     for (int k = 0; k < N; ++k)
@@ -192,10 +184,10 @@ void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
         if (e < 0 || e >= E) broken_frame(rank(), s, "an expert id outside [0, numExperts)");
         mask |= uint64_t(1) << (e / epr);
       }
-      const uint64_t locals = (mask >> nd.first_local()) & low_bits(R);
+      const uint64_t locals = nd.locals_of(mask);
       if (locals == 0) broken_frame(rank(), s, "a token with no expert on this node");
       rs.token.push_back(t);
-      rs.nodes.push_back(nodes_of(mask, nd));
+      rs.nodes.push_back(nd.nodes_of(mask));
       rs.locals.push_back(locals);
     }
   }

@@ -19,18 +19,6 @@ namespace {
 
 HostLayout& state_of(DispatchLayout& l) { return static_cast<HostLayout&>(*l.state); }
 
-uint64_t low_bits(int n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
-
-int highest_below(uint64_t mask, int n) {
-  const uint64_t m = mask & low_bits(n);
-  return m == 0 ? -1 : 63 - __builtin_clzll(m);
-}
-int lowest_above(uint64_t mask, int n) {
-  const uint64_t m = n >= 63 ? 0 : mask & ~low_bits(n + 1);
-  return m == 0 ? -1 : __builtin_ctzll(m);
-}
-int highest(uint64_t mask) { return mask == 0 ? -1 : 63 - __builtin_clzll(mask); }
-
 [[noreturn]] void broken_frame(const Context& c, int peer, const std::string& what, Phase phase) {
   throw Error("RANK_FAILED", "rank " + std::to_string(peer) + " sent rank " + std::to_string(c.rank()) + " a " + phase_name(phase) +
                                  " frame that does not fit the protocol: " + what,

@@ -30,16 +30,6 @@ struct Record {
         bytes(token_at + 4) {}
 };
 
-uint64_t low_bits(int n) { return n >= 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1; }
-
-// The nodes of the ranks in `mask`.
-uint64_t nodes_of(uint64_t mask, const Nodes& nd) {
-  uint64_t out = 0;
-  for (int k = 0; k < nd.num_nodes; ++k)
-    if ((mask >> (k * nd.ranks_per_node)) & low_bits(nd.ranks_per_node)) out |= uint64_t(1) << k;
-  return out;
-}
-
 [[noreturn]] void broken_frame(const Context& c, int peer, const std::string& what, Phase phase) {
   throw Error("RANK_FAILED", "rank " + std::to_string(peer) + " sent rank " + std::to_string(c.rank()) + " a " + phase_name(phase) +
                                  " frame that does not fit the protocol: " + what,
@@ -80,10 +70,10 @@ void HostBackend::exchange_records(uint64_t seq, Phase phase, DispatchLayout& l,
   RailTokens& own = two->rail[size_t(nd.node)];
   std::vector<std::vector<uint8_t>> payload(size_t(nd.num_nodes));
   for (int64_t t = 0; t < T; ++t) {
-    const uint64_t mask = r.dest_mask[size_t(t)], nodes = nodes_of(mask, nd);
+    const uint64_t mask = r.dest_mask[size_t(t)], nodes = nd.nodes_of(mask);
     own.token.push_back(int32_t(t));
     own.nodes.push_back(nodes);
-    own.locals.push_back((mask >> nd.first_local()) & low_bits(nd.ranks_per_node));
+    own.locals.push_back(nd.locals_of(mask));
     for (int k = 0; k < nd.num_nodes; ++k) {
       if (k == nd.node || ((nodes >> k) & 1) == 0) continue;
       std::vector<uint8_t>& p = payload[size_t(k)];
@@ -138,10 +128,10 @@ void HostBackend::exchange_records(uint64_t seq, Phase phase, DispatchLayout& l,
         if (e < 0 || e >= E) broken_frame(c_, s, "an expert id outside [0, numExperts)", phase);
         mask |= uint64_t(1) << (e / epr);
       }
-      const uint64_t locals = (mask >> nd.first_local()) & low_bits(nd.ranks_per_node);
+      const uint64_t locals = nd.locals_of(mask);
       if (locals == 0) broken_frame(c_, s, "a token with no expert on this node", phase);
       rt.token.push_back(t);
-      rt.nodes.push_back(nodes_of(mask, nd));
+      rt.nodes.push_back(nd.nodes_of(mask));
       rt.locals.push_back(locals);
       rt.offset.push_back(i * rec.bytes);
     }
