@@ -177,6 +177,8 @@ class CudaBackend final : public Backend {
   // After the stream ran the op: every rail peer's header names this op and these bytes (else the
   // nodes are out of step: RANK_FAILED, or gave other sizes: EINVAL).
   void check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase);
+  // STATE unless a two-level `op` can run now: the rank has its rail communicator and is not capturing.
+  void check_rails(const char* op) const;
   // The rail communicator, aborted (its kernels stop) and forgotten: after a timeout or a peer's
   // failure nobody answers on it, and the stream must drain. Local; noexcept.
   void abort_rails() noexcept;

@@ -53,6 +53,12 @@ void CudaBackend::check_runs(const char* op) const {
               rank());
 }
 
+void CudaBackend::check_rails(const char* op) const {
+  RF_CHECK(rails_ != nullptr, "STATE", std::string(op) + ": rank " + std::to_string(rank()) + " has no rail communicator");
+  RF_CHECK(!capturing_, "STATE",
+           std::string(op) + ": a world that spans nodes cannot capture its " + op + " in a graph on cuda yet");
+}
+
 std::vector<uint64_t> CudaBackend::kernel_peers() const {
   if (!two_level()) return mem_.peer_table();
   std::vector<uint64_t> table;
@@ -112,8 +118,7 @@ void CudaBackend::check_rail_headers(uint64_t seq, int64_t bytes, const char* op
 }
 
 void CudaBackend::two_level_barrier(uint64_t seq) {
-  RF_CHECK(rails_ != nullptr, "STATE", "barrier: rank " + std::to_string(rank()) + " has no rail communicator");
-  RF_CHECK(!capturing_, "STATE", "barrier: a world that spans nodes cannot capture its barrier in a graph on cuda yet");
+  check_rails("barrier");
   translating(rank(), [&] {
     kargs::BarrierArgs a;
     a.r = rank_args(seq);
@@ -142,8 +147,7 @@ void CudaBackend::two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem 
                std::to_string(staging_at + padded * N - gather) + " buffer bytes (" + std::to_string(W) +
                " parts padded to 16 bytes and " + std::to_string(N) + " staging slots); the buffer has " +
                std::to_string(c_.buffer_bytes()) + " (raise buffer.bytes)");
-  RF_CHECK(rails_ != nullptr, "STATE", "allGather: rank " + std::to_string(rank()) + " has no rail communicator");
-  RF_CHECK(!capturing_, "STATE", "allGather: a world that spans nodes cannot capture its allGather in a graph on cuda yet");
+  check_rails("allGather");
   const CUdeviceptr stage = mem_.window() + CUdeviceptr(staging_at);
   const CUdeviceptr mine = stage + CUdeviceptr(padded * nd.node);
   translating(rank(), [&] {

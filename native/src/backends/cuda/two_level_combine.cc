@@ -31,8 +31,7 @@ CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(
 void CudaBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
   CudaLayout& st = layout_of(l);
   RF_CHECK(st.two != nullptr, "STATE", "combine: this handle's dispatch did not run in two levels");
-  RF_CHECK(!capturing_, "STATE", "combine: a world that spans nodes cannot capture its combine in a graph on cuda yet");
-  RF_CHECK(rails_ != nullptr, "STATE", "combine: rank " + std::to_string(rank()) + " has no rail communicator");
+  check_rails("combine");
   const TwoLevelRouting& two = *st.two;
   const Nodes& nd = c_.nodes;
   const EpConfig& ep = c_.cfg.ep;

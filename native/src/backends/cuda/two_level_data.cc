@@ -19,8 +19,7 @@ void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(uintptr_t(p)); }
 void CudaBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
   CudaLayout& st = layout_of(l);
   RF_CHECK(st.two != nullptr, "STATE", "dispatch: this handle's dispatch did not run in two levels");
-  RF_CHECK(!capturing_, "STATE", "dispatch: a world that spans nodes cannot capture its dispatch in a graph on cuda yet");
-  RF_CHECK(rails_ != nullptr, "STATE", "dispatch: rank " + std::to_string(rank()) + " has no rail communicator");
+  check_rails("dispatch");
   const TwoLevelRouting& two = *st.two;
   const Nodes& nd = c_.nodes;
   const EpConfig& ep = c_.cfg.ep;

@@ -73,8 +73,7 @@ void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
            "dispatch without a CPU sync (outputsInBuffer) does not run across nodes on backend 'cuda' yet: this world spans " +
                std::to_string(N) + " nodes, where cuda's dispatch needs the CPU to size its NCCL transfers; dispatch with a "
                "CPU sync (the default), or use backend 'host'; the rank stays usable");
-  RF_CHECK(rails_ != nullptr, "STATE", "dispatch: rank " + std::to_string(rank()) + " has no rail communicator");
-  RF_CHECK(!capturing_, "STATE", "dispatch: a world that spans nodes cannot capture its dispatch in a graph on cuda yet");
+  check_rails("dispatch");
   auto st = std::make_unique<CudaLayout>();
   auto two = std::make_shared<TwoLevelRouting>();
   st->mirrored = true;
