@@ -47,7 +47,8 @@ void CudaBackend::check_runs(const char* op) const {
   throw Error("BACKEND_UNAVAILABLE",
               std::string(op) + " does not run across nodes on backend 'cuda' yet: this world spans " +
                   std::to_string(c_.nodes.num_nodes) +
-                  " nodes (world.nodeId), where cuda runs barrier, allGather, dispatch (with a CPU sync) and combine only "
+                  " nodes (world.nodeId), where cuda runs barrier and allGather (and, with RANKFLOW_CUDA_TWO_LEVEL_MOE=1, dispatch "
+                  "with a CPU sync and combine) "
                   "(the rest needs the two-level steps planned in native/src/backends/cuda/scaleout.hpp); the rank stays usable. "
                   "Use backend 'host' across nodes, or keep the world on one node",
               rank());
