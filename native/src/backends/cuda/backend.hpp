@@ -179,6 +179,8 @@ class CudaBackend final : public Backend {
   void check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase);
   // STATE unless a two-level `op` can run now: the rank has its rail communicator and is not capturing.
   void check_rails(const char* op) const;
+  // The W parts an allGather left in the buffer (padded there) into `out` (collectives.cc).
+  void copy_gathered(Mem out, int64_t gather, int64_t bytes, int64_t padded);
   // The rail communicator, aborted (its kernels stop) and forgotten: after a timeout or a peer's
   // failure nobody answers on it, and the stream must drain. Local; noexcept.
   void abort_rails() noexcept;

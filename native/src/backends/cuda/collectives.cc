@@ -58,26 +58,33 @@ void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
     a.bytes = padded;
     a.dst_offset = gather;
     launch_->all_gather(stream_, a);
-    if (out.device) {  // stream-ordered copies out of the buffer (it is reused by the next op)
-      const CUdeviceptr o = dev(out.ptr), g = mem_.window() + CUdeviceptr(gather);
-      if (bytes == 0) return;
+  });
+  if (!out.device) wait_stream(WaitSite{kPhaseAllGather, -1, "done"});
+  copy_gathered(out, gather, bytes, padded);
+}
+
+// The W gathered parts (padded to `padded` bytes in the buffer at `gather`) into `out`, `bytes` each:
+// for a device tensor in stream order (the buffer is reused by the next op), for host memory at once
+// (the caller waited for the stream).
+void CudaBackend::copy_gathered(Mem out, int64_t gather, int64_t bytes, int64_t padded) {
+  if (bytes == 0) return;
+  const int W = world();
+  const CUdeviceptr g = mem_.window() + CUdeviceptr(gather);
+  translating(rank(), [&] {
+    if (out.device) {
+      const CUdeviceptr o = dev(out.ptr);
       if (padded == bytes) RF_CU(cuMemcpyAsync, o, g, size_t(bytes * W), stream_);
       else
         for (int p = 0; p < W; ++p)
           RF_CU(cuMemcpyAsync, o + CUdeviceptr(p * bytes), g + CUdeviceptr(p * padded), size_t(bytes), stream_);
-    }
-  });
-  if (out.device) return;
-  wait_stream(WaitSite{kPhaseAllGather, -1, "done"});
-  translating(rank(), [&] {
-    if (bytes == 0) return;
-    auto* o = out.as<uint8_t>();
-    if (padded == bytes) {
-      RF_CU(cuMemcpyDtoH, o, mem_.window() + CUdeviceptr(gather), size_t(bytes * W));
       return;
     }
-    for (int p = 0; p < W; ++p)
-      RF_CU(cuMemcpyDtoH, o + int64_t(p) * bytes, mem_.window() + CUdeviceptr(gather + int64_t(p) * padded), size_t(bytes));
+    auto* o = out.as<uint8_t>();
+    if (padded == bytes) {
+      RF_CU(cuMemcpyDtoH, o, g, size_t(bytes * W));
+      return;
+    }
+    for (int p = 0; p < W; ++p) RF_CU(cuMemcpyDtoH, o + int64_t(p) * bytes, g + CUdeviceptr(int64_t(p) * padded), size_t(bytes));
   });
 }
 

@@ -56,14 +56,13 @@ void NcclRails::exchange(const std::vector<RailTransfer>& sends, const std::vect
   nccl_check(nccl().ncclGroupEnd(), "ncclGroupEnd", comm_);
 }
 
-void NcclRails::exchange_counts(CUdeviceptr mine, CUdeviceptr theirs) const {
-  std::vector<RailTransfer> sends, recvs;
+void NcclRails::to_every_peer(CUdeviceptr send, int64_t send_stride, CUdeviceptr recv, int64_t recv_stride, size_t bytes,
+                              std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs) const {
   for (int k = 0; k < nodes_.num_nodes; ++k) {
     if (k == nodes_.node) continue;
-    sends.push_back({k, mine + CUdeviceptr(k) * 8, 8});
-    recvs.push_back({k, theirs + CUdeviceptr(k) * 8, 8});
+    sends.push_back({k, send + CUdeviceptr(send_stride * k), bytes});
+    recvs.push_back({k, recv + CUdeviceptr(recv_stride * k), bytes});
   }
-  exchange(sends, recvs);
 }
 
 std::pair<std::vector<RailTransfer>, std::vector<RailTransfer>> NcclRails::record_transfers(

@@ -27,7 +27,7 @@
 // rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
 //   dispatch notify : kernel: routing, counts into the node's ranks (as the flat notify kernel, for
 //                     node peers only), per-node record counts + offsets (a prefix sum over tokens);
-//                     NCCL: the N int64 counts to / from the rail peers (exchange_counts).
+//                     NCCL: the N int64 counts to / from the rail peers (to_every_peer).
 //   CPU sync        : the host reads the counts (the flat CPU-sync wait), sizes the receives.
 //   pack            : kernel: every token's record (x row, scales, k ids, k weights, token id: the
 //                     host's layout) into the send buffer of each remote node it has experts on.
@@ -92,8 +92,11 @@ class NcclRails {
   // (no order of peers can deadlock). Only enqueues; the stream orders what follows. Zero-byte
   // transfers are left out (both sides leave them out: the sizes are the op's, equal on every rank).
   void exchange(const std::vector<RailTransfer>& sends, const std::vector<RailTransfer>& recvs) const;
-  // dispatch notify's counts: mine[k] (int64, device) goes to the rail peer on node k; theirs[k] receives its.
-  void exchange_counts(CUdeviceptr mine, CUdeviceptr theirs) const;
+  // One transfer of `bytes` to and from every rail peer, appended to `sends` / `recvs` (one exchange
+  // with whatever else the op sends): to node k from send + k * send_stride (stride 0: the same bytes
+  // to every peer), from node k into recv + k * recv_stride.
+  void to_every_peer(CUdeviceptr send, int64_t send_stride, CUdeviceptr recv, int64_t recv_stride, size_t bytes,
+                     std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs) const;
   // The transfers of a record exchange, from per-node counts (the host's copy after the CPU sync) and
   // the send / receive buffers laid out as counts * record_bytes per node in node order.
   std::pair<std::vector<RailTransfer>, std::vector<RailTransfer>> record_transfers(

@@ -86,11 +86,7 @@ void CudaBackend::rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTran
     const uint32_t v = uint32_t(words[w / 2] >> (32 * (w % 2)));
     RF_CU(cuMemsetD32Async, mine + CUdeviceptr(4 * w), v, 1, stream_);
   }
-  for (int k = 0; k < nd.num_nodes; ++k) {
-    if (k == nd.node) continue;
-    sends.push_back({k, mine, size_t(kHeaderBytes)});
-    recvs.push_back({k, rail_frames_ + CUdeviceptr(kHeaderBytes * k), size_t(kHeaderBytes)});
-  }
+  rails_->to_every_peer(mine, 0, rail_frames_, kHeaderBytes, size_t(kHeaderBytes), sends, recvs);
 }
 
 void CudaBackend::check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase) {
@@ -159,11 +155,7 @@ void CudaBackend::two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem 
     if (padded > bytes) RF_CU(cuMemsetD8Async, mine + CUdeviceptr(bytes), 0, size_t(padded - bytes), stream_);
     std::vector<RailTransfer> sends, recvs;
     rail_headers(seq, bytes, sends, recvs);
-    for (int k = 0; k < N; ++k) {
-      if (k == nd.node) continue;
-      sends.push_back({k, mine, size_t(bytes)});
-      recvs.push_back({k, stage + CUdeviceptr(padded * k), size_t(bytes)});
-    }
+    rails_->to_every_peer(mine, 0, stage, padded, size_t(bytes), sends, recvs);
     rails_->exchange(sends, recvs);
     // Part k goes to every node peer p (me included) at gather + (k * R + local) * padded: the kernel
     // adds local * bytes itself.
@@ -178,27 +170,12 @@ void CudaBackend::two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem 
     launch_->all_gather(stream_, a);
     c_.traffic.out(bytes * (N - 1));
     c_.traffic.up(bytes * N * (R - 1));
-    if (out.device && bytes > 0) {  // stream-ordered copies out of the buffer (it is reused by the next op)
-      const CUdeviceptr o = CUdeviceptr(reinterpret_cast<uintptr_t>(out.ptr)), g = mem_.window() + CUdeviceptr(gather);
-      if (padded == bytes) RF_CU(cuMemcpyAsync, o, g, size_t(bytes * W), stream_);
-      else
-        for (int p = 0; p < W; ++p)
-          RF_CU(cuMemcpyAsync, o + CUdeviceptr(p * bytes), g + CUdeviceptr(p * padded), size_t(bytes), stream_);
-    }
   });
-  if (out.device) return;
-  wait_stream(WaitSite{kPhaseAllGather, -1, "done"});
-  check_rail_headers(seq, bytes, "allGather", kPhaseAllGather);
-  translating(rank(), [&] {
-    if (bytes == 0) return;
-    auto* o = out.as<uint8_t>();
-    if (padded == bytes) {
-      RF_CU(cuMemcpyDtoH, o, mem_.window() + CUdeviceptr(gather), size_t(bytes * W));
-      return;
-    }
-    for (int p = 0; p < W; ++p)
-      RF_CU(cuMemcpyDtoH, o + int64_t(p) * bytes, mem_.window() + CUdeviceptr(gather + int64_t(p) * padded), size_t(bytes));
-  });
+  if (!out.device) {
+    wait_stream(WaitSite{kPhaseAllGather, -1, "done"});
+    check_rail_headers(seq, bytes, "allGather", kPhaseAllGather);
+  }
+  copy_gathered(out, gather, bytes, padded);
 }
 
 }  // namespace rankflow::cuda

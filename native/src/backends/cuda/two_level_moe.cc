@@ -133,11 +133,7 @@ void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
     const CUdeviceptr got = tl_block(*st, N * 8, "dispatch record counts");
     std::vector<RailTransfer> sends, recvs;
     rail_headers(seq, rec, sends, recvs);
-    for (int k = 0; k < N; ++k) {
-      if (k == nd.node) continue;
-      sends.push_back({k, mine + CUdeviceptr(8 * k), 8});
-      recvs.push_back({k, got + CUdeviceptr(8 * k), 8});
-    }
+    rails_->to_every_peer(mine, 8, got, 8, 8, sends, recvs);
     rails_->exchange(sends, recvs);
     wait_stream(WaitSite{kPhaseNotify, -1, "rail"});
     check_rail_headers(seq, rec, "dispatch", kPhaseNotify);
