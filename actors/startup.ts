@@ -75,7 +75,6 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
       tuning: {
         ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}),
         ...(ncclHostId !== undefined ? { ncclHostId } : {}),
-        ...(config.cudaTwoLevelMoe ? { cudaTwoLevelMoe: true } : {}),
       },
       ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl } : {}),
       ...(scaleOut ? { scaleOut } : {}),

@@ -41,7 +41,6 @@ const native = new addon.Context({
   cooperative: init.tuning.cooperative,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
   ...(init.tuning.ncclHostId ? { ncclHostId: init.tuning.ncclHostId } : {}),
-  ...(init.tuning.cudaTwoLevelMoe ? { cudaTwoLevelMoe: true } : {}),
   ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),
 }, new Int32Array(init.abort));
 

@@ -57,8 +57,8 @@ export interface DoctorReport {
 const HOST_SCALE_OUT = 'TCP between rail peers (the rendezvous connects them; world.nodeId marks simulated nodes)';
 const CUDA_SCALE_OUT = "grouped ncclSend/ncclRecv between rail peers on the rank's stream, one NCCL communicator per rail (not NCCL's GIN device API)";
 const CUDA_RUNS = 'barrier and allGather (node-local kernels, then NCCL between rail peers); dispatch with a CPU sync and combine ' +
-    'only with RANKFLOW_CUDA_TWO_LEVEL_MOE=1 (built, not yet run on a GPU: native/src/backends/cuda/TWO_LEVEL_MOE_STATUS.md); ' +
-    'sessions, engram, ppExchange and graphs refuse with BACKEND_UNAVAILABLE (native/src/backends/cuda/scaleout.hpp)';
+    '(planned on the host, node-local copy and fold kernels, NCCL between rail peers); ' +
+    'dispatch without a CPU sync, sessions, engram, ppExchange and graphs refuse with BACKEND_UNAVAILABLE (native/src/backends/cuda/scaleout.hpp)';
 
 /** The cuda scale-out leg as the probe saw NCCL (its `nccl` object), and what createGroup runs on it (native/src/backends/cuda/two_level.cc). */
 export function cudaScaleOut(nccl: Record<string, unknown> | undefined, notProbed = 'no NCCL probe: this build has no CUDA backend'): DoctorReport['scaleOut']['cuda'] {

@@ -47,10 +47,4 @@ export const config = {
   get testFirstSeq(): string | undefined { return env.RANKFLOW_TEST_FIRST_SEQ === '' ? undefined : env.RANKFLOW_TEST_FIRST_SEQ; },
   /** RANKFLOW_COOPERATIVE=0: launch the cuda kernels that wait on each other without the cooperative attribute; read at each createGroup. */
   get cooperative(): boolean { return env.RANKFLOW_COOPERATIVE !== '0'; },
-  /**
-   * RANKFLOW_CUDA_TWO_LEVEL_MOE=1: let cuda dispatch and combine run in a world that spans nodes
-   * (native/src/backends/cuda/two_level_moe.cc). Off by default: that path has not run on a GPU yet
-   * (native/src/backends/cuda/TWO_LEVEL_MOE_STATUS.md); read at each createGroup.
-   */
-  get cudaTwoLevelMoe(): boolean { return env.RANKFLOW_CUDA_TWO_LEVEL_MOE === '1'; },
 } as const;

@@ -22,10 +22,9 @@ const children = [];
 before(() => requireGpu());
 after(() => killAll(children));
 
-/** The environment of a simulated node's process: NCCL on its network transport, over loopback; no inherited NCCL_HOSTID;
- *  dispatch and combine across nodes switched on (RANKFLOW_CUDA_TWO_LEVEL_MOE: off by default until this test has passed on a GPU). */
+/** The environment of a simulated node's process: NCCL on its network transport, over loopback; no inherited NCCL_HOSTID. */
 function nodeEnv() {
-  const env = { ...process.env, NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_SOCKET_IFNAME: process.env.NCCL_SOCKET_IFNAME ?? 'lo', RANKFLOW_CUDA_TWO_LEVEL_MOE: '1' };
+  const env = { ...process.env, NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_SOCKET_IFNAME: process.env.NCCL_SOCKET_IFNAME ?? 'lo' };
   delete env.NCCL_HOSTID;  // each process must get its node's (rankflow sets it)
   return env;
 }

@@ -39,7 +39,6 @@ ContextConfig config_from(const Napi::Object& o) {
   c.ce_min_bytes = int_prop(o, "ceMinBytes", c.ce_min_bytes, 0, int64_t(1) << 50);
   c.nccl_home = str_prop(o, "ncclHome");
   c.nccl_host_id = str_prop(o, "ncclHostId");
-  c.two_level_moe = bool_prop(o, "cudaTwoLevelMoe", false);
   c.first_seq = uint64_t(int_prop(o, "firstSeq", 0, 0, int64_t(1) << 53));
   return c;
 }

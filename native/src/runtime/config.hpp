@@ -35,9 +35,6 @@ struct ContextConfig {
   // cuda in a world: NCCL_HOSTID for this process, set before its first NCCL call unless already set
   // (actors/world/nccl.ts chose it: one per node, so that NCCL's hosts are rankflow's nodes); "" = none.
   std::string nccl_host_id;
-  // cuda in a world that spans nodes: dispatch and combine may run (RANKFLOW_CUDA_TWO_LEVEL_MOE=1;
-  // off until that path has run on a GPU: backends/cuda/TWO_LEVEL_MOE_STATUS.md).
-  bool two_level_moe = false;
   uint64_t first_seq = 0;                    // tests: start the sequence there (near a wrap)
 };
 

@@ -20,10 +20,10 @@
 //   dispatch  : with a CPU sync (and cached from such a handle), two_level_moe.cc / two_level_data.cc;
 //   combine   : two_level_combine.cc. Host-planned (routing, counts, offsets, fold order), carried out by
 //               the copy / fold / finish kernels of kernels/two_level.cu between node barriers, NCCL on
-//               the rails. Not yet run on a GPU at the time of writing: TWO_LEVEL_MOE_STATUS.md.
+//               the rails (first run 2026-12-01 at 1de3179: TWO_LEVEL_MOE_STATUS.md).
 //   every other collective (dispatch without a CPU sync, sessions, engram, pipeline, graphs, the NCCL
 //               baselines) refuses with BACKEND_UNAVAILABLE naming the op, the rank usable.
-// What remains: dispatch and combine across nodes, on this leg, step by step (each kernel on the
+// What remains: a device-planned dispatch and combine (no CPU sync, capturable), on this leg, step by step (each kernel on the
 // rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
 //   dispatch notify : kernel: routing, counts into the node's ranks (as the flat notify kernel, for
 //                     node peers only), per-node record counts + offsets (a prefix sum over tokens);

@@ -31,24 +31,15 @@ constexpr int64_t kHeaderBytes = 16;  // {uint64 seq, int64 bytes}
 
 void CudaBackend::check_runs(const char* op) const {
   if (!two_level()) return;
-  // What two_level.cc runs; anything else would run the flat kernels over windows that are not mapped.
-  // dispatch (with a CPU sync; two_level_notify refuses one without) and combine: two_level_moe.cc.
-  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather"};
+  // What two_level.cc and two_level_moe.cc run; anything else would run the flat kernels over windows
+  // that are not mapped. dispatch: with a CPU sync (two_level_notify refuses one without).
+  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather", "dispatch", "combine"};
   for (const char* r : kRuns)
     if (std::strcmp(op, r) == 0) return;
-  const bool moe = std::strcmp(op, "dispatch") == 0 || std::strcmp(op, "combine") == 0;
-  if (moe && c_.cfg.two_level_moe) return;
-  if (moe)
-    throw Error("BACKEND_UNAVAILABLE",
-                std::string(op) + " across nodes on backend 'cuda' is built but has not run on a GPU yet "
-                "(native/src/backends/cuda/TWO_LEVEL_MOE_STATUS.md), so it is off: set RANKFLOW_CUDA_TWO_LEVEL_MOE=1 to "
-                "run it; the rank stays usable. Use backend 'host' across nodes, or keep the world on one node",
-                rank());
   throw Error("BACKEND_UNAVAILABLE",
               std::string(op) + " does not run across nodes on backend 'cuda' yet: this world spans " +
                   std::to_string(c_.nodes.num_nodes) +
-                  " nodes (world.nodeId), where cuda runs barrier and allGather (and, with RANKFLOW_CUDA_TWO_LEVEL_MOE=1, dispatch "
-                  "with a CPU sync and combine) "
+                  " nodes (world.nodeId), where cuda runs barrier, allGather, dispatch with a CPU sync and combine "
                   "(the rest needs the two-level steps planned in native/src/backends/cuda/scaleout.hpp); the rank stays usable. "
                   "Use backend 'host' across nodes, or keep the world on one node",
               rank());
