@@ -39,6 +39,7 @@ const native = new addon.Context({
   gpuSeconds: init.gpuSeconds,
   ceMinBytes: init.tuning.ceMinBytes,
   cooperative: init.tuning.cooperative,
+  graphLaunch: init.tuning.graphLaunch,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
   ...(init.tuning.ncclHostId ? { ncclHostId: init.tuning.ncclHostId } : {}),
   ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),

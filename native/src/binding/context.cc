@@ -21,6 +21,7 @@ ContextConfig config_from(const Napi::Object& o) {
   c.device_share = int(int_prop(o, "deviceShare", 1, 1, kMaxRanks));
   c.nccl = bool_prop(o, "nccl", true);
   c.cooperative = bool_prop(o, "cooperative", true);
+  c.graph_launch = bool_prop(o, "graphLaunch", true);
   c.world_size = int(int_prop(o, "worldSize", 1, 1, kMaxRanks));
   c.rank = int(int_prop(o, "rank", 0, 0, c.world_size - 1));
   c.ranks_per_node = int(int_prop(o, "ranksPerNode", 0, 0, kMaxRanks));

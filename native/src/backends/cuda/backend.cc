@@ -41,7 +41,8 @@ void CudaBackend::create() {
   mem_.create(rank(), world(), *dev_, c_.sym_bytes, c_.cpu_bytes, choose_memory_kind(c_.cpu_bytes, c_.cfg.hybrid),
               c_.dom.num_scaleup_ranks);
   modules_ = std::make_unique<Modules>();
-  launch_ = std::make_unique<Launcher>(modules_->kernels(), dev_->sm_count(), c_.cfg.device_share, c_.cfg.cooperative);
+  launch_ = std::make_unique<Launcher>(modules_->kernels(), dev_->sm_count(), c_.cfg.device_share, c_.cfg.cooperative,
+                                        c_.cfg.graph_launch && c_.cfg.device_share == 1);
   ce_min_bytes_ = c_.cfg.ce_min_bytes;
   RF_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING);
   pool_.create(ordinal_, stream_);

@@ -18,6 +18,7 @@ void CudaBackend::capture_begin(uint64_t seq) {
   // device memory may be allocated (not captured) while capturing.
   translating(rank(), [&] { RF_CU(cuStreamBeginCapture, stream_, CU_STREAM_CAPTURE_MODE_RELAXED); });
   capturing_ = true;
+  launch_->capturing(true);
   pool_.begin_capture();
 }
 
@@ -38,6 +39,7 @@ uint64_t CudaBackend::capture_end(uint64_t ops) {
   CUgraph g = nullptr;
   const CUresult ended = d.cuStreamEndCapture(stream_, &g);
   capturing_ = false;
+  launch_->capturing(false);
   translating(rank(), [&] { pool_.end_capture(); });
   Graph graph = std::move(capture_);
   capture_ = Graph{};

@@ -41,8 +41,42 @@ void check_moe(const kargs::RankArgs& a, const kargs::MoeShape& m, const char* o
 
 }  // namespace
 
-Launcher::Launcher(const KernelSet& k, int sm_count, int share, bool cooperative)
-    : k_(k), sm_count_(std::max(1, sm_count)), share_(std::max(1, share)), cooperative_(cooperative) {}
+Launcher::Launcher(const KernelSet& k, int sm_count, int share, bool cooperative, bool graphs)
+    : k_(k), sm_count_(std::max(1, sm_count)), share_(std::max(1, share)), cooperative_(cooperative), graphs_(graphs) {}
+
+// A graph still running is freed when it completes (cuGraphExecDestroy does not wait for it).
+Launcher::~Launcher() {
+  const Driver& d = driver();
+  for (auto& [key, kept] : kept_) {
+    if (kept.exec != nullptr) d.cuGraphExecDestroy(kept.exec);
+    if (kept.graph != nullptr) d.cuGraphDestroy(kept.graph);
+  }
+}
+
+bool Launcher::launch_graph(const CUDA_KERNEL_NODE_PARAMS& p, bool cooperative, CUstream s, const char* what) const {
+  const Driver& d = driver();
+  std::lock_guard<std::mutex> hold(kept_lock_);
+  const auto key = std::make_tuple(p.func, cooperative, s);
+  auto it = kept_.find(key);
+  if (it == kept_.end()) {
+    // First launch of this kernel here: a graph of one node with these parameters, instantiated.
+    Kept k;
+    bool made = d.cuGraphCreate(&k.graph, 0) == CUDA_SUCCESS && d.cuGraphAddKernelNode(&k.node, k.graph, nullptr, 0, &p) == CUDA_SUCCESS;
+    if (made && cooperative) {
+      CUkernelNodeAttrValue v = {};
+      v.cooperative = 1;
+      made = d.cuGraphKernelNodeSetAttribute(k.node, CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS;
+    }
+    made = made && d.cuGraphInstantiateWithFlags(&k.exec, k.graph, 0) == CUDA_SUCCESS;
+    if (!made && k.exec != nullptr) d.cuGraphExecDestroy(k.exec), k.exec = nullptr;
+    it = kept_.emplace(key, k).first;
+    if (k.exec == nullptr) return false;
+  } else if (it->second.exec == nullptr || d.cuGraphExecKernelNodeSetParams(it->second.exec, it->second.node, &p) != CUDA_SUCCESS) {
+    return false;
+  }
+  RF_CU_FOR(what, cuGraphLaunch, it->second.exec, s);
+  return true;
+}
 
 int Launcher::occupancy(CUfunction f, int threads, int smem) const {
   const auto key = std::make_pair(f, smem);
@@ -74,12 +108,24 @@ void Launcher::launch(CUfunction f, const char* what, int grid, int block, int s
   CUlaunchAttribute attr = {};
   attr.id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
   attr.value.cooperative = 1;
-  if (cooperative && cooperative_) {
+  const bool coop = cooperative && cooperative_;
+  if (coop) {
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
   }
-  Args copy = args;  // cuLaunchKernelEx reads the parameter at the call
+  Args copy = args;  // both launches read the parameter at the call
   void* params[] = {&copy};
+  if (graphs_ && !capturing_) {
+    CUDA_KERNEL_NODE_PARAMS p = {};
+    p.func = f;
+    p.gridDimX = cfg.gridDimX;
+    p.gridDimY = p.gridDimZ = 1;
+    p.blockDimX = cfg.blockDimX;
+    p.blockDimY = p.blockDimZ = 1;
+    p.sharedMemBytes = cfg.sharedMemBytes;
+    p.kernelParams = params;
+    if (launch_graph(p, coop, s, what)) return;
+  }
   RF_CU_FOR(what, cuLaunchKernelEx, &cfg, f, params, nullptr);
 }
 

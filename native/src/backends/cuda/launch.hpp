@@ -4,11 +4,27 @@
 // at most what the occupancy API allows on the whole GPU divided by the ranks of this process that
 // share it (each gets its share), and cooperatively, so that no block spins while a sibling waits for
 // an SM that other work holds (the compute-overlap case). Launches are asynchronous on `stream`.
+// Outside a capture, each kernel is launched as the one node of a graph the launcher keeps for it
+// (per kernel, attribute and stream): cuGraphExecKernelNodeSetParams with this launch's grid and
+// Args, then cuGraphLaunch. On the one-H200 machine that costs the CPU 2.5 µs against 3.6-4.4 µs for
+// cuLaunchKernelEx of the same kernel, and a launch + wait for a flag the kernel writes 6.1-7.0 µs
+// against 7.5-8.4 (bench/results/launch-floor-2026-12-01.md). Where a graph cannot be made or updated
+// the launch is a cuLaunchKernelEx, as it is while the stream is being captured, and always for
+// ranks that share their GPU with other ranks of the process: with graph launches there, the GPU
+// suite had tests time out waiting for a peer whose kernel never started (engram of 2 and of 4 ranks
+// on GPU 0; 4 ranks on GPU 0 beside a kernel holding all but 8 SMs). Why is not known: graph launches
+// did not queue behind other streams' kernels (direct or graph-launched, 1-12 streams) nor mix up the
+// parameters of pending launches in the launch-floor programs, which make their graphs before any
+// kernel runs, where rankflow makes each one at its kernel's first launch, while peers' kernels may
+// be spinning. Ranks on GPUs of their own have a context each, and their kernels wait only for kernels
+// of other contexts; with them the suite passed (the simulated-node worlds of one rank per process).
 #pragma once
 
 #include <cuda.h>
 
 #include <map>
+#include <mutex>
+#include <tuple>
 
 #include "args.hpp"
 #include "modules.hpp"
@@ -18,8 +34,13 @@ namespace rankflow::cuda {
 class Launcher {
  public:
   // sm_count: the GPU's SMs; share: ranks of this process on it; cooperative: launch the waiting
-  // kernels cooperatively (CU_LAUNCH_ATTRIBUTE_COOPERATIVE).
-  Launcher(const KernelSet& k, int sm_count, int share, bool cooperative);
+  // kernels cooperatively (CU_LAUNCH_ATTRIBUTE_COOPERATIVE); graphs: launch through the kept graphs.
+  Launcher(const KernelSet& k, int sm_count, int share, bool cooperative, bool graphs);
+  ~Launcher();
+  Launcher(const Launcher&) = delete;
+  Launcher& operator=(const Launcher&) = delete;
+  // While the rank's stream is being captured, launches go straight into the capture.
+  void capturing(bool on) { capturing_ = on; }
 
   // The blocks a grid of kernel f may have: `requested` (0 = the rank's share of the SMs), capped by
   // what can be resident at once while every rank sharing the GPU runs the same.
@@ -53,10 +74,21 @@ class Launcher {
   void launch(CUfunction f, const char* what, int grid, int block, int smem, CUstream s, const Args& args,
               bool cooperative) const;
   int occupancy(CUfunction f, int threads, int smem) const;
+  // The kept graph of one kernel, launch attribute and stream.
+  struct Kept {
+    CUgraph graph = nullptr;
+    CUgraphNode node = nullptr;
+    CUgraphExec exec = nullptr;
+  };
+  // Launches through the kept graph; false where there is none to use (the caller launches directly).
+  bool launch_graph(const CUDA_KERNEL_NODE_PARAMS& p, bool cooperative, CUstream s, const char* what) const;
 
   KernelSet k_;
   int sm_count_, share_;
-  bool cooperative_;
+  bool cooperative_, graphs_;
+  bool capturing_ = false;
+  mutable std::mutex kept_lock_;  // a rank's launches come from its own thread; the lock is uncontended
+  mutable std::map<std::tuple<CUfunction, bool, CUstream>, Kept> kept_;  // exec null: none can be made
   mutable std::map<std::pair<CUfunction, int>, int> occupancy_;  // (kernel, smem) -> blocks per SM
 };
 
