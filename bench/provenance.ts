@@ -26,9 +26,13 @@ export function machine(): string {
   return `${os.hostname()}: ${cpus.length} x ${cpus[0]?.model ?? 'cpu'}, ${Math.round(os.totalmem() / 2 ** 30)} GiB`;
 }
 
-/** This process's command line, the script relative to the package. */
+/**
+ * This process's command line, the script relative to the package, after the RANKFLOW_ settings that
+ * change what is measured (RANKFLOW_COMMIT only names the tree).
+ */
 export function command(): string {
-  return `node ${path.relative(PACKAGE_ROOT, process.argv[1] ?? '')} ${process.argv.slice(2).join(' ')}`.trim();
+  const settings = Object.entries(process.env).filter(([k]) => k.startsWith('RANKFLOW_') && k !== 'RANKFLOW_COMMIT').map(([k, v]) => `${k}=${v} `).sort().join('');
+  return `${settings}node ${path.relative(PACKAGE_ROOT, process.argv[1] ?? '')} ${process.argv.slice(2).join(' ')}`.trim();
 }
 
 /** { date, commit, machine, command, node } for a result file. */

@@ -52,6 +52,47 @@ describe('devices', () => {
     }
   });
 
+  test('kernel launches go through the kept graphs where a rank has its GPU to itself, directly where ranks share it or with RANKFLOW_GRAPH_LAUNCH=0; the same results', async () => {
+    const gathered = async (opts) => {
+      const group = await createGroup({ backend: 'cuda', buffer: BUFFER, ...opts });
+      try {
+        const out = [];
+        for (let round = 0; round < 3; round++) {
+          await group.barrier();
+          await group.barrier({ withCpuSync: true });
+          const got = await group.allGather(range(group.size).map((r) => pattern('bf16', [5, 64], r, round)));
+          out.push(got.map((t) => Buffer.from(bytesOfTensor(t))));
+        }
+        const launches = [];
+        for (let r = 0; r < group.size; r++) launches.push((await group.info(r)).device);
+        return { out, launches };
+      } finally {
+        await group.destroy();
+      }
+    };
+    const own = await gathered({ ranks: 1, devices: [0] });
+    for (const d of own.launches) assert.ok(d.graphLaunches >= 9 && d.directLaunches === 0, `own GPU: ${JSON.stringify(d)}`);
+    const shared = await gathered({ ranks: 2, devices: [0, 0] });
+    for (const d of shared.launches) assert.ok(d.graphLaunches === 0 && d.directLaunches >= 9, `shared GPU: ${JSON.stringify(d)}`);
+    const saved = process.env.RANKFLOW_GRAPH_LAUNCH;
+    process.env.RANKFLOW_GRAPH_LAUNCH = '0';
+    let off;
+    try {
+      off = await gathered({ ranks: 1, devices: [0] });
+    } finally {
+      if (saved === undefined) delete process.env.RANKFLOW_GRAPH_LAUNCH;
+      else process.env.RANKFLOW_GRAPH_LAUNCH = saved;
+    }
+    for (const d of off.launches) assert.ok(d.graphLaunches === 0 && d.directLaunches >= 9, `RANKFLOW_GRAPH_LAUNCH=0: ${JSON.stringify(d)}`);
+    for (let round = 0; round < 3; round++) {
+      const want = Buffer.from(bytesOfTensor(pattern('bf16', [5, 64], 0, round)));
+      assert.ok(own.out[round][0].equals(want), `graph-launched allGather, round ${round}`);
+      assert.ok(off.out[round][0].equals(want), `direct allGather, round ${round}`);
+      for (let r = 0; r < 2; r++)
+        assert.ok(shared.out[round][r].equals(Buffer.concat([0, 1].map((q) => Buffer.from(bytesOfTensor(pattern('bf16', [5, 64], q, round)))))), `shared allGather, rank ${r}, round ${round}`);
+    }
+  });
+
   test('devices picks the GPU of each rank', { skip: needsTwoGpus() }, async () => {
     const group = await createGroup({ backend: 'cuda', ranks: 2, devices: [1, 0], buffer: BUFFER });
     try {

@@ -246,6 +246,8 @@ Napi::Value ContextWrap::Info(const Napi::CallbackInfo& info) {
     g.Set("nccl", b.nccl);
     g.Set("sms", b.sms);
     g.Set("smShare", b.sm_share);
+    g.Set("graphLaunches", double(b.graph_launches));
+    g.Set("directLaunches", double(b.direct_launches));
     o.Set("device", g);
   }
   Napi::Object d = Napi::Object::New(env);

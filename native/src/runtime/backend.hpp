@@ -111,6 +111,8 @@ struct BackendInfo {
   bool nccl = false;
   int sms = 0;                    // cuda: SMs of the GPU, and the rank's share of them
   int sm_share = 0;
+  uint64_t graph_launches = 0;    // cuda: kernel launches through the kept graphs (launch.hpp), and the others
+  uint64_t direct_launches = 0;
 };
 
 class Backend {

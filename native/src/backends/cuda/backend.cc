@@ -179,6 +179,7 @@ BackendInfo CudaBackend::info() const {
   i.nccl = comm_ != nullptr;
   i.sms = launch_ ? launch_->sm_count() : 0;
   i.sm_share = launch_ ? std::max(1, launch_->sm_count() / launch_->share()) : 0;
+  if (launch_) i.graph_launches = launch_->graph_launches(), i.direct_launches = launch_->direct_launches();
   return i;
 }
 

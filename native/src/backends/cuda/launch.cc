@@ -124,9 +124,13 @@ void Launcher::launch(CUfunction f, const char* what, int grid, int block, int s
     p.blockDimY = p.blockDimZ = 1;
     p.sharedMemBytes = cfg.sharedMemBytes;
     p.kernelParams = params;
-    if (launch_graph(p, coop, s, what)) return;
+    if (launch_graph(p, coop, s, what)) {
+      ++graph_launches_;
+      return;
+    }
   }
   RF_CU_FOR(what, cuLaunchKernelEx, &cfg, f, params, nullptr);
+  ++direct_launches_;
 }
 
 void Launcher::barrier(CUstream s, const kargs::BarrierArgs& a) const {

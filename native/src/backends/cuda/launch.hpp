@@ -41,6 +41,9 @@ class Launcher {
   Launcher& operator=(const Launcher&) = delete;
   // While the rank's stream is being captured, launches go straight into the capture.
   void capturing(bool on) { capturing_ = on; }
+  // Launches so far through the kept graphs, and the others (info().device).
+  uint64_t graph_launches() const { return graph_launches_; }
+  uint64_t direct_launches() const { return direct_launches_; }
 
   // The blocks a grid of kernel f may have: `requested` (0 = the rank's share of the SMs), capped by
   // what can be resident at once while every rank sharing the GPU runs the same.
@@ -87,6 +90,7 @@ class Launcher {
   int sm_count_, share_;
   bool cooperative_, graphs_;
   bool capturing_ = false;
+  mutable uint64_t graph_launches_ = 0, direct_launches_ = 0;
   mutable std::mutex kept_lock_;  // a rank's launches come from its own thread; the lock is uncontended
   mutable std::map<std::tuple<CUfunction, bool, CUstream>, Kept> kept_;  // exec null: none can be made
   mutable std::map<std::pair<CUfunction, int>, int> occupancy_;  // (kernel, smem) -> blocks per SM
