@@ -18,8 +18,7 @@ struct ContextConfig {
   int device_share = 1;     // cuda: ranks of this process on the rank's GPU (grids are split between them)
   bool nccl = true;         // cuda: make an NCCL communicator (off where ranks share a GPU: NCCL refuses it)
   bool cooperative = true;  // cuda: launch the kernels whose blocks wait on each other cooperatively
-  bool graph_launch = true; // cuda: launch each kernel as the one node of a graph kept per kernel, where the
-                            // rank has its GPU to itself in this process (launch.hpp)
+  bool graph_launch = true; // cuda: launch each kernel as the one node of a graph kept per kernel (launch.hpp)
   int rank = 0;
   int world_size = 1;
   int ranks_per_node = 0;   // physical NVLink (scale-up) domain size; 0 = the whole world

@@ -42,9 +42,10 @@ void CudaBackend::create() {
               c_.dom.num_scaleup_ranks);
   modules_ = std::make_unique<Modules>();
   launch_ = std::make_unique<Launcher>(modules_->kernels(), dev_->sm_count(), c_.cfg.device_share, c_.cfg.cooperative,
-                                        c_.cfg.graph_launch && c_.cfg.device_share == 1);
+                                        c_.cfg.graph_launch);
   ce_min_bytes_ = c_.cfg.ce_min_bytes;
   RF_CU(cuStreamCreate, &stream_, CU_STREAM_NON_BLOCKING);
+  launch_->prepare(stream_);
   pool_.create(ordinal_, stream_);
   // Mapped host memory: the Control block, then the mirror of the dispatch counts (CPU-sync wait).
   const int64_t counts_words = kargs::host_counts_words(world(), c_.experts_per_rank());

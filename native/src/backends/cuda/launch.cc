@@ -53,27 +53,58 @@ Launcher::~Launcher() {
   }
 }
 
-bool Launcher::launch_graph(const CUDA_KERNEL_NODE_PARAMS& p, bool cooperative, CUstream s, const char* what) const {
+template <typename Args>
+void Launcher::keep(CUfunction f, int block, bool cooperative) {
+  const auto key = std::make_tuple(f, cooperative, kept_stream_);
+  if (kept_.count(key) != 0) return;  // (notify without the cooperative attribute, twice)
   const Driver& d = driver();
-  std::lock_guard<std::mutex> hold(kept_lock_);
-  const auto key = std::make_tuple(p.func, cooperative, s);
-  auto it = kept_.find(key);
-  if (it == kept_.end()) {
-    // First launch of this kernel here: a graph of one node with these parameters, instantiated.
-    Kept k;
-    bool made = d.cuGraphCreate(&k.graph, 0) == CUDA_SUCCESS && d.cuGraphAddKernelNode(&k.node, k.graph, nullptr, 0, &p) == CUDA_SUCCESS;
-    if (made && cooperative) {
-      CUkernelNodeAttrValue v = {};
-      v.cooperative = 1;
-      made = d.cuGraphKernelNodeSetAttribute(k.node, CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS;
-    }
-    made = made && d.cuGraphInstantiateWithFlags(&k.exec, k.graph, 0) == CUDA_SUCCESS;
-    if (!made && k.exec != nullptr) d.cuGraphExecDestroy(k.exec), k.exec = nullptr;
-    it = kept_.emplace(key, k).first;
-    if (k.exec == nullptr) return false;
-  } else if (it->second.exec == nullptr || d.cuGraphExecKernelNodeSetParams(it->second.exec, it->second.node, &p) != CUDA_SUCCESS) {
-    return false;
+  Args zero{};
+  void* params[] = {&zero};
+  CUDA_KERNEL_NODE_PARAMS p = {};
+  p.func = f;
+  p.gridDimX = p.gridDimY = p.gridDimZ = 1;
+  p.blockDimX = unsigned(block);
+  p.blockDimY = p.blockDimZ = 1;
+  p.kernelParams = params;
+  Kept k;  // exec stays null where a step fails: that kernel launches directly
+  bool made = d.cuGraphCreate(&k.graph, 0) == CUDA_SUCCESS && d.cuGraphAddKernelNode(&k.node, k.graph, nullptr, 0, &p) == CUDA_SUCCESS;
+  if (made && cooperative) {
+    CUkernelNodeAttrValue v = {};
+    v.cooperative = 1;
+    made = d.cuGraphKernelNodeSetAttribute(k.node, CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS;
   }
+  if (made && d.cuGraphInstantiateWithFlags(&k.exec, k.graph, 0) != CUDA_SUCCESS) k.exec = nullptr;
+  kept_[key] = k;
+}
+
+// Every graph is made here, when the rank's context is new and none of its kernels runs, not at a
+// kernel's first launch, while other kernels may be spinning.
+void Launcher::prepare(CUstream s) {
+  if (!graphs_) return;
+  kept_stream_ = s;
+  const bool c = cooperative_;
+  keep<kargs::BarrierArgs>(k_.barrier, kSignalThreads, false);
+  keep<kargs::SignalArgs>(k_.signal, kSignalThreads, false);
+  keep<kargs::AllGatherArgs>(k_.all_gather, kCopyThreads, c);
+  keep<kargs::PutArgs>(k_.put, kCopyThreads, c);
+  keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, false);
+  keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, c);
+  keep<kargs::DispatchArgs>(k_.dispatch_data, kDataThreads, c);
+  keep<kargs::CombineArgs>(k_.combine, kDataThreads, c);
+  keep<kargs::ReduceArgs>(k_.reduce, 256, false);
+  keep<kargs::FetchArgs>(k_.fetch, 256, false);
+  keep<kargs::CopyArgs>(k_.tl_copy, 256, false);
+  keep<kargs::FoldArgs>(k_.tl_fold, 256, false);
+  keep<kargs::FinishArgs>(k_.tl_finish, 256, false);
+}
+
+bool Launcher::launch_graph(const CUDA_KERNEL_NODE_PARAMS& p, bool cooperative, CUstream s, const char* what) const {
+  if (s != kept_stream_) return false;
+  const Driver& d = driver();
+  const auto it = kept_.find(std::make_tuple(p.func, cooperative, s));
+  if (it == kept_.end() || it->second.exec == nullptr ||
+      d.cuGraphExecKernelNodeSetParams(it->second.exec, it->second.node, &p) != CUDA_SUCCESS)
+    return false;
   RF_CU_FOR(what, cuGraphLaunch, it->second.exec, s);
   return true;
 }

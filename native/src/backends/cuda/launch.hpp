@@ -4,26 +4,23 @@
 // at most what the occupancy API allows on the whole GPU divided by the ranks of this process that
 // share it (each gets its share), and cooperatively, so that no block spins while a sibling waits for
 // an SM that other work holds (the compute-overlap case). Launches are asynchronous on `stream`.
-// Outside a capture, each kernel is launched as the one node of a graph the launcher keeps for it
-// (per kernel, attribute and stream): cuGraphExecKernelNodeSetParams with this launch's grid and
-// Args, then cuGraphLaunch. On the one-H200 machine that costs the CPU 2.5 µs against 3.6-4.4 µs for
-// cuLaunchKernelEx of the same kernel, and a launch + wait for a flag the kernel writes 6.1-7.0 µs
+// Outside a capture, each kernel on the rank's stream is launched as the one node of a graph the
+// launcher made for it (per kernel and attribute) when the context was made (prepare):
+// cuGraphExecKernelNodeSetParams with this launch's grid and Args, then cuGraphLaunch. On the
+// one-H200 machine that costs the CPU 2.5 µs against 3.6-4.4 µs for cuLaunchKernelEx of the same kernel, and a launch + wait for a flag the kernel writes 6.1-7.0 µs
 // against 7.5-8.4 (bench/results/launch-floor-2026-12-01.md). Where a graph cannot be made or updated
-// the launch is a cuLaunchKernelEx, as it is while the stream is being captured, and always for
-// ranks that share their GPU with other ranks of the process: with graph launches there, the GPU
-// suite had tests time out waiting for a peer whose kernel never started (engram of 2 and of 4 ranks
-// on GPU 0; 4 ranks on GPU 0 beside a kernel holding all but 8 SMs). Why is not known: graph launches
-// did not queue behind other streams' kernels (direct or graph-launched, 1-12 streams) nor mix up the
-// parameters of pending launches in the launch-floor programs, which make their graphs before any
-// kernel runs, where rankflow makes each one at its kernel's first launch, while peers' kernels may
-// be spinning. Ranks on GPUs of their own have a context each, and their kernels wait only for kernels
-// of other contexts; with them the suite passed (the simulated-node worlds of one rank per process).
+// the launch is a cuLaunchKernelEx, as it is while the stream is being captured and on other
+// streams. The graphs are made before any kernel of the rank runs: made at each kernel's first launch
+// instead, while peers' kernels were spinning, the GPU suite had ranks sharing GPU 0 time out waiting
+// for a peer whose kernel never started (engram of 2 and 4 ranks; 4 ranks beside a kernel holding all
+// but 8 SMs: test/gpu/logs/test-gpu-1xH200-2026-12-01-graph-launch-all-ranks-FAILED.log); made
+// up front, the same tests passed (...-graphs-prepared-shared-agrs-moe.log). Graph launches did not
+// queue behind other streams' kernels in bench/launch-floor (queue-behind*.cc).
 #pragma once
 
 #include <cuda.h>
 
 #include <map>
-#include <mutex>
 #include <tuple>
 
 #include "args.hpp"
@@ -39,6 +36,9 @@ class Launcher {
   ~Launcher();
   Launcher(const Launcher&) = delete;
   Launcher& operator=(const Launcher&) = delete;
+  // Makes the graph of every kernel launched on `s` (the rank's stream) now, before any kernel of the
+  // rank runs; a launch on another stream launches directly.
+  void prepare(CUstream s);
   // While the rank's stream is being captured, launches go straight into the capture.
   void capturing(bool on) { capturing_ = on; }
   // Launches so far through the kept graphs, and the others (info().device).
@@ -85,14 +85,18 @@ class Launcher {
   };
   // Launches through the kept graph; false where there is none to use (the caller launches directly).
   bool launch_graph(const CUDA_KERNEL_NODE_PARAMS& p, bool cooperative, CUstream s, const char* what) const;
+  // The graph of kernel f with a zeroed Args, `block` threads (prepare()).
+  template <typename Args>
+  void keep(CUfunction f, int block, bool cooperative);
+  CUstream kept_stream_ = nullptr;
 
   KernelSet k_;
   int sm_count_, share_;
   bool cooperative_, graphs_;
   bool capturing_ = false;
   mutable uint64_t graph_launches_ = 0, direct_launches_ = 0;
-  mutable std::mutex kept_lock_;  // a rank's launches come from its own thread; the lock is uncontended
-  mutable std::map<std::tuple<CUfunction, bool, CUstream>, Kept> kept_;  // exec null: none can be made
+  // Made by prepare(), read only after it (a rank launches from its own thread). exec null: launch directly.
+  std::map<std::tuple<CUfunction, bool, CUstream>, Kept> kept_;
   mutable std::map<std::pair<CUfunction, int>, int> occupancy_;  // (kernel, smem) -> blocks per SM
 };
 
