@@ -7,7 +7,7 @@ import { afterEach, describe, expect, it } from 'vitest';
 
 import { ensureCompiled, forkFixture, freePort, killAll, worldSources, type Child, type Message } from './helpers/children.js';
 import { createGroup } from '../actors/index.js';
-import { BUFFER, EXPERTS, HIDDEN, TOPK, dispatchInput, runCases, tokensOf } from './fixtures/scaleout-cases.mjs';
+import { BUFFER, EXPERTS, HIDDEN, TOPK, agrsTraffic, dispatchInput, runCases, tokensOf } from './fixtures/scaleout-cases.mjs';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
@@ -141,6 +141,10 @@ describe.each(layouts)('a world of %s on simulated nodes', (_, l) => {
     }
     const combinedTraffic = got.get('traffic.combine.plain') as Array<{ out: number }>;
     combinedTraffic.forEach((t, g) => expect(t.out, `rank ${g}`).toBe(hops[g]! * (HIDDEN + TOPK) * 4));
+
+    // AGRS sessions, ppExchange, engramWrite: the bytes of each two-level round (agrsTraffic says which).
+    for (let g = 0; g < W; g++)
+      for (const [name, want] of Object.entries(agrsTraffic(g, N, R))) expect((got.get(name) as unknown[])[g], `${name}, rank ${g}`).toEqual(want);
   });
 });
 

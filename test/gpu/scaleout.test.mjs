@@ -7,14 +7,21 @@
 // an allGather, dispatch (with a CPU sync) and combine on the host backend's scale-out cases
 // (test/fixtures/scaleout-cases.mjs: bf16, fp8 with scales, -1 slots, an empty rank, every token to
 // one expert, cached handles, combines with biases and given weights) bit-identical to a one-node host
-// group of the same size and with the two-level design's scale-out bytes, openSession and ppExchange
-// refused with BACKEND_UNAVAILABLE naming them (the group usable after), and destroy.
-// native/src/backends/cuda/two_level*.cc is what runs.
+// group of the same size and with the two-level design's scale-out bytes; the AGRS cases of the same
+// file (a session's allGather and fp32 / bf16 reduce-scatters, some of cancelling values whose sum
+// shows its order, ppExchange, engramWrite) likewise, with their scale-out and scale-up bytes; engram
+// fetches of the node's own entries, and another node's refused with EINVAL naming indices[0]; the
+// session ops on device tensors, async and in place (programs/agrs-views.mjs), equal to the plain
+// reference and the host group; graph capture refused with BACKEND_UNAVAILABLE naming it (the group
+// usable after), and destroy. native/src/backends/cuda/two_level*.cc is what runs.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { bytesOfTensor, createGroup, forkChild, freePort, killAll, pattern, requireGpu } from './helpers.mjs';
-import { BUFFER as MOE_BUFFER, EXPERTS, HIDDEN, TOPK, dispatchInput, runMoeCases, tokensOf } from '../fixtures/scaleout-cases.mjs';
+import { BUFFER, bytesOfTensor, createGroup, forkChild, freePort, killAll, pattern, requireGpu } from './helpers.mjs';
+import { referenceAllGather, referenceReduceScatter } from '../../dist/test/helpers/agrs-reference.js';
+import {
+  BUFFER as MOE_BUFFER, EXPERTS, HIDDEN, TOPK, agrsTraffic, dispatchInput, runAgrsCases, runMoeCases, sessionViewArgs, sessionViewReport, tokensOf,
+} from '../fixtures/scaleout-cases.mjs';
 
 const FIXTURE = new URL('./fixtures/scaleout-child.mjs', import.meta.url);
 const children = [];
@@ -32,21 +39,38 @@ function nodeEnv() {
 /** The bytes a flat allGather gives: every global rank's part, in rank order. */
 const flat = (W, dtype, shape, round) => Buffer.concat(Array.from({ length: W }, (_, g) => Buffer.from(bytesOfTensor(pattern(dtype, shape, g, round)))));
 
-/** The MoE cases on a one-node host group of W ranks (the flat results, which the host backend's two levels equal too). */
+/**
+ * On a one-node host group of W ranks (the flat results, which the host backend's two levels equal
+ * too): { moe, agrs } (the cases' results by name) and views (the session-view program's, by rank).
+ */
 const oracles = new Map();
 function oracle(W) {
   if (!oracles.has(W)) oracles.set(W, runOracle(W));
   return oracles.get(W);
 }
 async function runOracle(W) {
-  const out = {};
-  const g = await createGroup({ ranks: W, backend: 'host', buffer: MOE_BUFFER, timeouts: { cpuSeconds: 60, gpuSeconds: 60 } });
+  const out = { moe: {}, agrs: {} };
+  const g = await createGroup({ ranks: W, backend: 'host', buffer: { ...MOE_BUFFER, bytes: BUFFER.bytes }, timeouts: { cpuSeconds: 60, gpuSeconds: 60 } });
+  const globals = Array.from({ length: W }, (_, r) => r);
   try {
-    await runMoeCases(g, Array.from({ length: W }, (_, r) => r), (name, values) => { out[name] = values; });
+    await runMoeCases(g, globals, (name, values) => { out.moe[name] = values; });
+    await runAgrsCases(g, globals, W, (name, values) => { out.agrs[name] = values; });
+    out.views = sessionViewReport(await g.run(new URL('./programs/agrs-views.mjs', import.meta.url), sessionViewArgs(W)));
   } finally {
     await g.destroy();
   }
   return out;
+}
+
+/** The results of a message kind from every node's process, by case name, indexed by global rank. */
+function byName(msgs) {
+  const got = {};
+  for (const m of msgs)
+    for (const [name, values] of Object.entries(m.results)) {
+      got[name] ??= [];
+      m.globals.forEach((g, i) => (got[name][g] = values[i]));
+    }
+  return got;
 }
 
 /** The destination ranks of each token of global rank g in a dispatch case, ascending. */
@@ -108,14 +132,8 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
     });
 
     test('dispatch and combine equal a one-node host group\'s, bit for bit; scale-out bytes as the two-level design sends them', async () => {
-      const msgs = await Promise.all(procs.map((c) => c.next('moe', 300_000)));
-      const got = {};
-      for (const m of msgs)
-        for (const [name, values] of Object.entries(m.results)) {
-          got[name] ??= [];
-          m.globals.forEach((g, i) => (got[name][g] = values[i]));
-        }
-      const want = await oracle(W);
+      const got = byName(await Promise.all(procs.map((c) => c.next('moe', 300_000))));
+      const want = (await oracle(W)).moe;
       for (const [name, values] of Object.entries(want)) {
         if (name.startsWith('traffic.')) continue;
         assert.deepEqual(got[name], values, name);
@@ -141,7 +159,7 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
 
     test('on device tensors (rank programs) too; a dispatch without a CPU sync refuses with BACKEND_UNAVAILABLE naming it', async () => {
       const msgs = await Promise.all(procs.map((c) => c.next('moeDevice', 300_000)));
-      const want = await oracle(W);
+      const want = (await oracle(W)).moe;
       for (const m of msgs)
         m.results.forEach((r, i) => {
           const g = m.globals[i];
@@ -152,16 +170,58 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
         });
     });
 
-    test('openSession and ppExchange refuse with BACKEND_UNAVAILABLE naming them; the group stays usable and in step', async () => {
+    test('AGRS sessions (allGather, reduceScatter fp32 and bf16, cancelling sums), ppExchange and engramWrite equal a one-node host group\'s, bit for bit; scale-out and scale-up bytes as the host backend\'s two levels count them', async () => {
+      const got = byName(await Promise.all(procs.map((c) => c.next('agrs', 300_000))));
+      const want = (await oracle(W)).agrs;
+      for (const [name, values] of Object.entries(want)) {
+        if (name.startsWith('traffic.')) continue;
+        assert.deepEqual(got[name], values, name);
+      }
+      assert.ok(got['session.reduceScatter.cancel.fp32'], 'the cancelling case ran');
+      for (let g = 0; g < W; g++)
+        for (const [name, t] of Object.entries(agrsTraffic(g, N, R))) assert.deepEqual(got[name][g], t, `${name}, rank ${g}`);
+    });
+
+    test('engram: every rank fetches its node\'s entries; another node\'s entry is refused with EINVAL naming indices[0], the ranks still ready', async () => {
+      for (const m of await Promise.all(procs.map((c) => c.next('engram', 120_000)))) {
+        const rows = m.own.ids.flatMap((id) => [Math.floor(id / 4), id % 4]);  // entry e of rank g = [g, e]
+        for (const r of m.own.rows) assert.deepEqual(r, rows);
+        console.log(`the refusal: ${JSON.stringify(m.remote.error)}`);
+        assert.equal(m.remote.error?.code, 'EINVAL');
+        assert.match(m.remote.error.message, /^indices\[0\]: entry \d+ lives on rank \d+, on node \d+: reading another node's host segment is an RDMA read/);
+        assert.deepEqual(m.remote.states, Array(R).fill('ready'));
+      }
+    });
+
+    test('session ops on device tensors, async and in place, equal the plain reference and the one-node host group\'s, bit for bit; results lie in the window', async () => {
+      const got = [];
+      for (const m of await Promise.all(procs.map((c) => c.next('agrsDevice', 300_000)))) m.globals.forEach((g, i) => (got[g] = m.results[i]));
+      const want = (await oracle(W)).views;
+      const { cases } = sessionViewArgs(W);
+      for (let g = 0; g < W; g++) {
+        const r = got[g];
+        assert.deepEqual(r.checks.filter((c) => !c.ok), [], `rank ${g}: zero-copy checks`);
+        assert.equal(r.revoked, true, `rank ${g}: views refuse their address after close`);
+        assert.equal(r.end, 'ready');
+        cases.forEach((c, i) => {
+          const what = `rank ${g} case ${i} (${c.op}${c.inPlace ? ' in place' : ''}${c.async ? ' async' : ''})`;
+          const ref = c.op === 'ag' ? referenceAllGather(c.inputs) : referenceReduceScatter(c.inputs, g);
+          assert.equal(r.out[i].bytes, Buffer.from(bytesOfTensor(ref)).toString('base64'), `${what} vs reference`);
+          assert.deepEqual(r.out[i], want[g].out[i], `${what} vs host group`);
+        });
+      }
+    });
+
+    test('graph capture refuses with BACKEND_UNAVAILABLE naming it; the group stays usable and in step', async () => {
       for (const m of await Promise.all(procs.map((c) => c.next('refusals', 60_000)))) {
-        console.log(`the refusal: ${JSON.stringify(m.session)}`);
-        assert.equal(m.session?.code, 'BACKEND_UNAVAILABLE');
-        assert.match(m.session.message, /^session open does not run across nodes on backend 'cuda' yet/);
-        assert.equal(m.pipeline?.code, 'BACKEND_UNAVAILABLE');
-        assert.match(m.pipeline.message, /^ppExchange does not run across nodes on backend 'cuda' yet/);
-        assert.deepEqual(m.afterSession, Array(R).fill('ready'));
+        console.log(`the refusal: ${JSON.stringify(m.capture[0])}`);
+        for (const e of m.capture) {
+          assert.equal(e?.code, 'BACKEND_UNAVAILABLE');
+          assert.match(e.message, /^capture does not run across nodes on backend 'cuda' yet/);
+        }
+        assert.deepEqual(m.after, Array(R).fill('ready'));
         assert.deepEqual(m.states, Array(R).fill('ready'));
-        for (const a of m.again) assert.ok(Buffer.from(a.bytes, 'base64').equals(flat(W, 'int32', [8], 9)), `rank ${a.rank}: the allGather after the refusals`);
+        for (const a of m.again) assert.ok(Buffer.from(a.bytes, 'base64').equals(flat(W, 'int32', [8], 9)), `rank ${a.rank}: the allGather after the refusal`);
       }
     });
 

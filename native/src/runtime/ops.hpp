@@ -62,6 +62,9 @@ std::unique_ptr<InFlightOp> inflight_wait(Context& c, uint64_t id);
 // engram: a table in the host segment, fetched by global row id (ids in host memory, range-checked).
 void engram_write(Context& c, Mem table, int64_t entries, int64_t row_bytes);
 void engram_fetch(Context& c, const int32_t* ids, int64_t n, Mem out);
+// EINVAL naming indices[i] for an id outside the table or, in a world of more than one node, an entry
+// of another node's rank (its host segment is not mapped here).
+void check_engram_ids(const Context& c, const int32_t* ids, int64_t n);
 
 // pipeline: send to rank + 1, receive from rank - 1 (ring).
 void pp_exchange(Context& c, Mem in, int64_t bytes, Mem out);

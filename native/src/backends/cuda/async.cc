@@ -7,7 +7,9 @@
 // A fetch copies its ids into a block of the rank's pool (stream-ordered: no device-wide
 // synchronisation, which pinned allocations would bring, and with ranks sharing a GPU could deadlock
 // a peer's waiting kernel) through the rank's pinned staging (from_host): issuing waits for the rank's
-// earlier stream work only where ids of more than one staging half are still queued.
+// earlier stream work only where ids of more than one staging half are still queued. Across nodes the
+// collectives cross in two levels as the synchronous ones (two_level_agrs.cc; their rail headers go
+// unchecked: nothing is waited for), and a fetch reads this node's host segments.
 #include "backend.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
@@ -26,6 +28,7 @@ struct AsyncEnd final : AsyncState {
 
 void CudaBackend::agrs_issue(AgrsOp& op) {
   RF_CHECK(!capturing_, "STATE", "an asynchronous session collective cannot be captured into a graph");
+  if (two_level()) check_rails(op.reduce ? "session reduceScatter" : "session allGather");
   const int W = world();
   const int64_t region = c_.ws.bytes + op.at;  // window offset of the op's region
   auto end = std::make_unique<AsyncEnd>();
@@ -38,9 +41,12 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
         if (op.in.device) RF_CU(cuMemcpyAsync, slot, dev(op.in.ptr), size_t(op.bytes), stream_);
         else from_host(slot, op.in.ptr, op.bytes);
       }
-      put(rank_args(op.seq), slot, 0, op.bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
+      if (two_level()) two_level_gather_parts(op.seq, region, op.bytes);
+      else put(rank_args(op.seq), slot, 0, op.bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
     } else {
       const int64_t chunk = op.bytes;
+      // Two levels: the chunks my rail peers send, behind the staged input.
+      const CUdeviceptr recv = two_level() ? staging(2 * chunk * W) + CUdeviceptr(chunk * W) : 0;
       CUdeviceptr src = dev(op.in.ptr);
       if (!op.in.device || (src & 15) != 0) {  // staged in stream order (a later op reuses it after this one)
         const CUdeviceptr stage = staging(chunk * W);
@@ -50,8 +56,9 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
         }
         src = stage;
       }
-      put(rank_args(op.seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
-          kPhaseSessionReduce);
+      if (two_level()) two_level_scatter(op.seq, src, recv, chunk, region);
+      else put(rank_args(op.seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
+               kPhaseSessionReduce);
       kargs::ReduceArgs r;
       r.region = reinterpret_cast<const void*>(mem_.window() + CUdeviceptr(region));
       r.n = op.n;

@@ -99,25 +99,22 @@ void CudaBackend::create() {
 
 ExportedSegments CudaBackend::exported() const { return mem_.exported(); }
 
+// Two levels: only the node's windows; across nodes the rail communicator carries the bytes (made
+// first: the barrier below crosses it), and no NCCL window (nothing of NCCL's reads the node's memory).
 void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
-  if (two_level()) {
-    // Only the node's windows; across nodes the rail communicator carries the bytes (made first: the
-    // barrier below crosses it). No engram table (engram does not run across nodes on cuda yet) and
-    // no NCCL window (nothing of NCCL's reads the node's memory).
-    RF_CHECK(rails_ != nullptr, "STATE", "registerWindow: the rail communicator must be made first (ncclInit)");
-    translating(rank(), [&] { mem_.import_peers(peers, false, c_.nodes.first_local(), c_.nodes.ranks_per_node); });
-    barrier(seq, false, true);
-    return;
-  }
+  const Nodes& nd = c_.nodes;
+  RF_CHECK(!two_level() || rails_ != nullptr, "STATE", "registerWindow: the rail communicator must be made first (ncclInit)");
   translating(rank(), [&] {
-    mem_.import_peers(peers);  // same process: the fds are borrowed, closed by their owner at destroy
-    if (c_.cpu_bytes > 0) {    // engram: every rank's host segment, as my GPU addresses it
+    // Same process: the fds are borrowed, closed by their owner at destroy.
+    if (two_level()) mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node);
+    else mem_.import_peers(peers);
+    if (c_.cpu_bytes > 0) {  // engram: every host segment my GPU reaches (two levels: my node's; 0 elsewhere)
       std::vector<uint64_t> seg(static_cast<size_t>(world()));
-      for (int p = 0; p < world(); ++p) seg[size_t(p)] = uint64_t(mem_.host_segment(p));
+      for (int p = 0; p < world(); ++p) seg[size_t(p)] = !two_level() || nd.same_node(p) ? uint64_t(mem_.host_segment(p)) : 0;
       segments_ = pool_.alloc(int64_t(seg.size() * sizeof(uint64_t)), "the host segments' table");
       from_host(segments_, seg.data(), int64_t(seg.size() * sizeof(uint64_t)));
     }
-    if (comm_ != nullptr)  // collective: every rank registers its device segment at the same time
+    if (comm_ != nullptr && !two_level())  // collective: every rank registers its device segment at the same time
       RF_NCCL(ncclCommWindowRegister, comm_, reinterpret_cast<void*>(mem_.window()), size_t(mem_.device_bytes()),
               &window_, kNcclWinCollSymmetric);
   });

@@ -7,7 +7,7 @@
 // workspace layout of the node: kernel_rank() ...), and its communicator is its rail's (scaleout.hpp).
 // backend.cc: lifecycle; waits.cc: waits and Control; memory.cc: device memory; collectives.cc:
 // barrier, allGather, sessions, engram, pipeline; two_level.cc: the collectives across nodes and what
-// they refuse; moe.cc: dispatch and combine; graph.cc: CUDA graphs; bench.cc: baselines and
+// they refuse (two_level_agrs.cc: sessions and pipeline across nodes); moe.cc: dispatch and combine; graph.cc: CUDA graphs; bench.cc: baselines and
 // benchmarks; interop.cc: the stream, context and events an application's own GPU work uses beside
 // the rank's, and checks of memory it hands over; async.cc: asynchronous AGRS and engram fetches.
 #pragma once
@@ -148,7 +148,8 @@ class CudaBackend final : public Backend {
   kargs::MoeShape moe_shape() const;
   kargs::MoeState state_of(const CudaLayout& l) const;
   CudaLayout& layout_of(DispatchLayout& l) const;
-  kargs::Ring all_ring() const { return kargs::Ring{1, world() - 1, 1, world() - 1}; }
+  // Every other rank of the kernels' view (in two levels: of my node).
+  kargs::Ring all_ring() const { return kargs::Ring{1, kernel_world() - 1, 1, kernel_world() - 1}; }
 
   // ---- two levels (scale_out with more than one node): two_level.cc ----
   bool two_level() const { return c_.nodes.two_level(); }
@@ -158,8 +159,31 @@ class CudaBackend final : public Backend {
   int kernel_rank() const { return two_level() ? c_.nodes.local : rank(); }
   int kernel_world() const { return two_level() ? c_.nodes.ranks_per_node : world(); }
   std::vector<uint64_t> kernel_peers() const;  // window bases, indexed by kernel rank
+  CUdeviceptr kernel_peer_base(int j) const;   // kernel rank j's window
   void two_level_barrier(uint64_t seq);
   void two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out);
+  // Enqueues the rail round of a two-level op that moves no data across nodes (after its node round):
+  // the header {seq, 0} to and from every rail peer.
+  void rail_round(uint64_t seq);
+  // AGRS sessions and ppExchange across nodes (two_level_agrs.cc), enqueued only; collectives.cc and
+  // async.cc call them where the flat path puts into the peers' windows.
+  // Session allGather: my part (already in my slot of the region at window offset `region`) to my
+  // rail peers, theirs into their slots; then every part of my rail into every node peer's region.
+  void two_level_gather_parts(uint64_t seq, int64_t region, int64_t bytes);
+  // reduceScatter: my W chunks at `src` (device), my rail peers' chunks for my node into `recv` (W
+  // chunks of scratch), then into every node peer's region the chunk for it from each rank of my rail.
+  void two_level_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region);
+  // ppExchange: the node's last rank sends `src` to its rail peer on the next node and receives the
+  // previous node's into `recv` (scratch); inside the node the flat hop, the last rank sending what came.
+  void two_level_pp_exchange(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t bytes, int64_t at);
+  // Copy-engine copies into node peers' windows (and mine), in stream order, then the done round over
+  // the node at `seq`: once it ran, every node peer's copies into my window are there.
+  struct NodeCopy {
+    int local;           // the destination's kernel rank
+    CUdeviceptr src;
+    int64_t offset, bytes;  // window offset of the destination
+  };
+  void node_copies(uint64_t seq, const std::vector<NodeCopy>& copies, Phase phase);
   // Dispatch and combine across nodes (two_level_moe.cc, two_level_combine.cc): the moe.cc entry
   // points of the same names hand over to these in two levels.
   void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in);

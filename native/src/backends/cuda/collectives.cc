@@ -2,7 +2,11 @@
 // (backends/host/backend.cc, agrs.cc) on the kernels of barrier.cu, all_gather.cu, session.cu and
 // engram.cu. Host tensors (driver mode) are staged through device memory and the op waits for its
 // stream before it returns; device tensors (rank programs) are enqueued, and only what must be waited
-// for on the CPU is (a barrier's completion, a copy back to the host).
+// for on the CPU is (a barrier's completion, a copy back to the host). Across nodes the same entry
+// points run in two levels: the node's part in the kernels' view (rank_args, put, all_ring), what
+// crosses in two_level.cc (barrier, allGather, the rail round) and two_level_agrs.cc.
+#include <algorithm>
+
 #include "backend.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
@@ -88,9 +92,10 @@ void CudaBackend::copy_gathered(Mem out, int64_t gather, int64_t bytes, int64_t 
   });
 }
 
+// Destinations and rings are in the kernels' view (kernel_rank(), kernel_world(): in two levels the node's).
 void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
                       kargs::Ring ring, bool enter, Phase phase) {
-  const int W = world();
+  const int W = kernel_world();
   const bool aligned = bytes % 16 == 0 && src % 16 == 0 && src_stride % 16 == 0 && dst_offset % 16 == 0;
   if (aligned && bytes < ce_min_bytes_) {
     kargs::PutArgs p;
@@ -118,8 +123,8 @@ void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_str
   }
   if (bytes > 0)
     for (int k = 0; k < ring.dst_count && k < W; ++k) {
-      const int p = (rank() + ring.dst_start + k) % W;
-      RF_CU(cuMemcpyAsync, mem_.peer_base(p) + CUdeviceptr(dst_offset), src + CUdeviceptr(p * src_stride), size_t(bytes),
+      const int p = (kernel_rank() + ring.dst_start + k) % W;
+      RF_CU(cuMemcpyAsync, kernel_peer_base(p) + CUdeviceptr(dst_offset), src + CUdeviceptr(p * src_stride), size_t(bytes),
             stream_);
     }
   s.array = kws_.done;
@@ -129,7 +134,10 @@ void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_str
   launch_->signal(stream_, s);
 }
 
+// In two levels the signals run over the node, then the rail round (headers at the op's seq, c_.seq).
 void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
+  const char* op = phase == kPhaseSessionOpen ? "session open" : "session close";
+  if (two_level()) check_rails(op);
   translating(rank(), [&] {
     kargs::SignalArgs s;
     s.r = rank_args(enter_seq != 0 ? enter_seq : c_.seq);
@@ -143,11 +151,14 @@ void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase
     s.array = kws_.session;
     s.value = value;
     launch_->signal(stream_, s);
+    if (two_level()) rail_round(c_.seq);
   });
   wait_stream(WaitSite{phase, -1, "session"});
+  if (two_level()) check_rail_headers(c_.seq, 0, op, phase);
 }
 
 void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
+  if (two_level()) check_rails("session allGather");
   const int W = world();
   const int64_t region = c_.ws.bytes + at;                // window offset of this collective's region
   const int64_t mine = region + int64_t(rank()) * bytes;  // my part, in every rank's window
@@ -157,25 +168,28 @@ void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
       if (in.device) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(mine), dev(in.ptr), size_t(bytes), stream_);
       else from_host(mem_.window() + CUdeviceptr(mine), in.ptr, bytes);
     }
-    put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false,
-        kPhaseSessionGather);
+    if (two_level()) two_level_gather_parts(seq, region, bytes);
+    else put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false,
+             kPhaseSessionGather);
     if (out.device && bytes > 0)
       RF_CU(cuMemcpyAsync, dev(out.ptr), mem_.window() + CUdeviceptr(region), size_t(bytes * W), stream_);
   });
   if (out.device) return;
   wait_stream(WaitSite{kPhaseSessionGather, -1, "done"});
+  if (two_level()) check_rail_headers(seq, bytes, "session allGather", kPhaseSessionGather);
   if (bytes > 0)
     translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, mem_.window() + CUdeviceptr(region), size_t(bytes * W)); });
 }
 
 void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) {
+  if (two_level()) check_rails("session reduceScatter");
   const int W = world();
   const int64_t chunk = n * (bf16 ? 2 : 4);
   const int64_t region = c_.ws.bytes + at;
   translating(rank(), [&] {
     // My W chunks on the device (staged when they come from the host); chunk q goes to rank q's
-    // region at my rank's slot.
-    const CUdeviceptr stage = staging(chunk * W + chunk);
+    // region at my rank's slot. Two levels: behind the staged output, the chunks my rail peers send.
+    const CUdeviceptr stage = staging(chunk * W + chunk + (two_level() ? chunk * W : 0));
     CUdeviceptr src = dev(in.ptr);
     if (!in.device || (src & 15) != 0) {
       if (chunk > 0) {
@@ -184,8 +198,9 @@ void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
       }
       src = stage;
     }
-    put(rank_args(seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
-        kPhaseSessionReduce);
+    if (two_level()) two_level_scatter(seq, src, stage + CUdeviceptr(chunk * W + chunk), chunk, region);
+    else put(rank_args(seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
+             kPhaseSessionReduce);
     kargs::ReduceArgs r;
     r.region = reinterpret_cast<const void*>(mem_.window() + CUdeviceptr(region));
     r.n = n;
@@ -196,10 +211,13 @@ void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
   });
   if (out.device) return;
   wait_stream(WaitSite{kPhaseSessionReduce, -1, "done"});
+  if (two_level()) check_rail_headers(seq, chunk * c_.nodes.ranks_per_node, "session reduceScatter", kPhaseSessionReduce);
   if (chunk > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, stage_ + CUdeviceptr(chunk * W), size_t(chunk)); });
 }
 
+// In two levels over the node (only its ranks read my host segment), then the rail round.
 void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
+  if (two_level()) check_rails("engramWrite");
   translating(rank(), [&] {
     kargs::SignalArgs s;
     s.r = rank_args(seq);
@@ -216,8 +234,10 @@ void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
     s.array = kws_.done;
     s.phase = kPhaseEngram;
     launch_->signal(stream_, s);
+    if (two_level()) rail_round(seq);
   });
   wait_stream(WaitSite{kPhaseEngram, -1, "done"});
+  if (two_level()) check_rail_headers(seq, 0, "engramWrite", kPhaseEngram);
 }
 
 void CudaBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) {
@@ -245,8 +265,13 @@ void CudaBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_
 }
 
 void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  if (two_level()) check_rails("ppExchange");
   const int64_t at = c_.ws.bytes;
+  // Two levels: the node's last rank receives the previous node's part behind the staged input.
+  const int64_t padded = align_up(std::max<int64_t>(bytes, 16), 16);
+  const bool forwards = two_level() && c_.nodes.local == c_.nodes.ranks_per_node - 1;
   translating(rank(), [&] {
+    const CUdeviceptr recv = forwards ? staging(2 * padded) + CUdeviceptr(padded) : 0;
     CUdeviceptr src = dev(in.ptr);
     if (!in.device || (src & 15) != 0 || bytes % 16 != 0) {
       const CUdeviceptr stage = staging(bytes);
@@ -258,6 +283,8 @@ void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
     }
     if (world() == 1) {
       if (bytes > 0) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(at), src, size_t(bytes), stream_);
+    } else if (two_level()) {
+      two_level_pp_exchange(seq, src, recv, bytes, at);
     } else {
       put(rank_args(seq), src, 0, bytes, at, kargs::Ring{1, 1, 1, 1}, true, kPhasePipeline);
     }
@@ -265,6 +292,7 @@ void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
   });
   if (out.device) return;
   wait_stream(WaitSite{kPhasePipeline, -1, "done"});
+  if (forwards) check_rail_headers(seq, bytes, "ppExchange", kPhasePipeline);
   if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, mem_.window() + CUdeviceptr(at), size_t(bytes)); });
 }
 

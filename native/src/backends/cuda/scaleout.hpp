@@ -21,8 +21,11 @@
 //   combine   : two_level_combine.cc. Host-planned (routing, counts, offsets, fold order), carried out by
 //               the copy / fold / finish kernels of kernels/two_level.cu between node barriers, NCCL on
 //               the rails (first run 2026-12-01 at 1de3179: TWO_LEVEL_MOE_STATUS.md).
-//   every other collective (dispatch without a CPU sync, sessions, engram, pipeline, graphs, the NCCL
-//               baselines) refuses with BACKEND_UNAVAILABLE naming the op, the rank usable.
+//   sessions, engram, ppExchange : two_level_agrs.cc (and the flat entry points of collectives.cc and
+//               async.cc around it), the host backend's two levels: BUILT, NOT YET RUN ON A GPU
+//               (TWO_LEVEL_SESSIONS_STATUS.md).
+//   every other collective (dispatch without a CPU sync, graphs, the NCCL baselines) refuses with
+//               BACKEND_UNAVAILABLE naming the op, the rank usable.
 // What remains: a device-planned dispatch and combine (no CPU sync, capturable), on this leg, step by step (each kernel on the
 // rank's stream; "NCCL" = NcclRails::exchange; R ranks per node, N nodes):
 //   dispatch notify : kernel: routing, counts into the node's ranks (as the flat notify kernel, for
@@ -40,7 +43,6 @@
 //                     then per rail N rounds: NCCL receives of the partial sums from lower nodes,
 //                     fold kernel (fp32, rank order, continuing the partial), NCCL sends of one frame
 //                     to every other node and receives from higher ones; final kernel: biases, bf16.
-// Then sessions, engram write and the pipeline in two levels, as the host backend runs them.
 // One thing the node-local view of today's kernels does not give dispatch and combine: their slots
 // are per SOURCE rank of the world (rank_count[s], expert_count[s][e], and the receive offsets of
 // every s), since a forwarder signals and writes for the remote sources of its rail as if they had

@@ -15,8 +15,9 @@
 // waited for, so its headers go unchecked): nodes out of step fail the rank (RANK_FAILED), parts of
 // other sizes are refused (EINVAL). NCCL itself matches a send only with a receive of the same size,
 // so parts of other sizes can hang the exchange first: then the GPU timeout ends it (TIMEOUT_GPU).
-// dispatch and combine: two_level_moe.cc, two_level_data.cc, two_level_combine.cc.
-// Everything else refuses here (check_runs) before the runtime moves: BACKEND_UNAVAILABLE.
+// dispatch and combine: two_level_moe.cc, two_level_data.cc, two_level_combine.cc; AGRS sessions,
+// engram and ppExchange: two_level_agrs.cc (with collectives.cc and async.cc, which call it).
+// Graphs and the NCCL baselines refuse here (check_runs) before the runtime moves: BACKEND_UNAVAILABLE.
 #include <cstring>
 
 #include "backend.hpp"
@@ -31,16 +32,19 @@ constexpr int64_t kHeaderBytes = 16;  // {uint64 seq, int64 bytes}
 
 void CudaBackend::check_runs(const char* op) const {
   if (!two_level()) return;
-  // What two_level.cc and two_level_moe.cc run; anything else would run the flat kernels over windows
-  // that are not mapped. dispatch: with a CPU sync (two_level_notify refuses one without).
-  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather", "dispatch", "combine"};
+  // What two_level*.cc run; anything else would run the flat kernels over windows that are not
+  // mapped. dispatch: with a CPU sync (two_level_notify refuses one without). engramFetch: of this
+  // node's entries (the runtime refuses the others').
+  static const char* const kRuns[] = {"registerWindow", "barrier", "barrier (CPU sync)", "allGather", "dispatch", "combine",
+                                      "session open", "session close", "session allGather", "session reduceScatter",
+                                      "engramWrite", "engramFetch", "ppExchange"};
   for (const char* r : kRuns)
     if (std::strcmp(op, r) == 0) return;
   throw Error("BACKEND_UNAVAILABLE",
               std::string(op) + " does not run across nodes on backend 'cuda' yet: this world spans " +
                   std::to_string(c_.nodes.num_nodes) +
-                  " nodes (world.nodeId), where cuda runs barrier, allGather, dispatch with a CPU sync and combine "
-                  "(the rest needs the two-level steps planned in native/src/backends/cuda/scaleout.hpp); the rank stays usable. "
+                  " nodes (world.nodeId), where cuda runs barrier, allGather, dispatch with a CPU sync, combine, AGRS "
+                  "sessions, engram and ppExchange, but not graphs or the NCCL baselines; the rank stays usable. "
                   "Use backend 'host' across nodes, or keep the world on one node",
               rank());
 }
@@ -52,10 +56,13 @@ void CudaBackend::check_rails(const char* op) const {
 }
 
 std::vector<uint64_t> CudaBackend::kernel_peers() const {
-  if (!two_level()) return mem_.peer_table();
   std::vector<uint64_t> table;
-  for (int j = 0; j < c_.nodes.ranks_per_node; ++j) table.push_back(uint64_t(mem_.peer_base(c_.nodes.rank_of(c_.nodes.node, j))));
+  for (int j = 0; j < kernel_world(); ++j) table.push_back(uint64_t(kernel_peer_base(j)));
   return table;
+}
+
+CUdeviceptr CudaBackend::kernel_peer_base(int j) const {
+  return mem_.peer_base(two_level() ? c_.nodes.rank_of(c_.nodes.node, j) : j);
 }
 
 void CudaBackend::abort_rails() noexcept {
@@ -105,6 +112,12 @@ void CudaBackend::check_rail_headers(uint64_t seq, int64_t bytes, const char* op
   }
 }
 
+void CudaBackend::rail_round(uint64_t seq) {
+  std::vector<RailTransfer> sends, recvs;
+  rail_headers(seq, 0, sends, recvs);
+  rails_->exchange(sends, recvs);
+}
+
 void CudaBackend::two_level_barrier(uint64_t seq) {
   check_rails("barrier");
   translating(rank(), [&] {
@@ -114,9 +127,7 @@ void CudaBackend::two_level_barrier(uint64_t seq) {
     a.phase = kPhaseBarrier;
     a.complete = 0;  // the CPU waits for the stream: the rail frames come after the kernel
     launch_->barrier(stream_, a);
-    std::vector<RailTransfer> sends, recvs;
-    rail_headers(seq, 0, sends, recvs);
-    rails_->exchange(sends, recvs);
+    rail_round(seq);
   });
   wait_stream(WaitSite{kPhaseBarrier, -1, "rail"});
   check_rail_headers(seq, 0, "barrier", kPhaseBarrier);

@@ -77,15 +77,6 @@ void HostBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
 void HostBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) {
   const auto* id = reinterpret_cast<const int32_t*>(host_ptr(ids, "indices"));
   RF_CHECK(!out.device, "EINVAL", "engramFetch output: device tensors need backend 'cuda'");
-  for (int64_t i = 0; two_level() && i < n; ++i) {
-    const int owner = int(id[i] / entries);
-    RF_CHECK(c_.nodes.same_node(owner), "EINVAL",
-             "indices[" + std::to_string(i) + "]: entry " + std::to_string(id[i]) + " lives on rank " + std::to_string(owner) +
-                 ", on node " + std::to_string(c_.nodes.node_of(owner)) + ": reading another node's host segment is an RDMA read, " +
-                 "which the host backend's scale-out leg does not do; fetch entries of this node's ranks (" +
-                 std::to_string(c_.nodes.first_local() * entries) + " to " +
-                 std::to_string((c_.nodes.first_local() + c_.nodes.ranks_per_node) * entries - 1) + ")");
-  }
   for (int64_t i = 0; i < n; ++i) {
     const int64_t g = id[i];
     const uint8_t* row = mem_.host_segment(int(g / entries)) + (g % entries) * row_bytes;

@@ -136,6 +136,8 @@ class HostBackend final : public Backend {
   void two_level_session_signal(uint64_t enter_seq, uint64_t value, Phase phase);
   void two_level_reduce_scatter(uint64_t seq, const uint8_t* src, int64_t n, bool bf16, int64_t at, Mem out);
   void two_level_engram_write(uint64_t seq, const uint8_t* src, int64_t bytes);
+  // An async session collective across nodes, run whole at issue: its result in its region.
+  void two_level_agrs_issue(const AgrsOp& op, const uint8_t* src);
   void two_level_pp_exchange(uint64_t seq, const uint8_t* src, int64_t bytes, uint8_t* out);
   // two_level_moe.cc, two_level_combine.cc
   void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in, const std::vector<int64_t>& expert_counts);

@@ -10,6 +10,8 @@
 //   reduceScatter  : the chunks for node k's ranks to my rail peer there, which writes them into their
 //                    regions with its own; every rank then sums its W slots in rank order, as flat.
 //   session open/close, engram write: the node's rounds, then a rail round.
+//   async session collectives: run whole at issue (the rail rounds are synchronous), results in
+//                    their regions (a reduceScatter's sums at the region's start, as flat).
 //   pipeline       : a hop inside the node as flat; the hop from the node's last rank to the next
 //                    node's first goes over the rail of local index R-1, whose rank there forwards it.
 #include <cstring>
@@ -82,14 +84,22 @@ void HostBackend::two_level_all_gather(uint64_t seq, const uint8_t* src, int64_t
     const int p = local_rank((nd.local + j) % nd.ranks_per_node);  // the next rank first, as flat
     if (enter) wait_entered(p, seq);
     uint8_t* dst = (p == rank() ? buffer() : peer_buffer(p)) + at;
-    for (int k = 0; k < nd.num_nodes; ++k) std::memcpy(dst + int64_t(nd.rail_peer(k)) * bytes, part[size_t(k)], size_t(bytes));
+    for (int k = 0; k < nd.num_nodes; ++k) {
+      uint8_t* slot = dst + int64_t(nd.rail_peer(k)) * bytes;
+      if (slot != part[size_t(k)]) std::memcpy(slot, part[size_t(k)], size_t(bytes));  // in place: my slot holds it
+    }
     if (p != rank()) {
       c_.traffic.up(bytes * nd.num_nodes);
       signal(peer_slot(p, c_.ws.done), seq);
     }
   }
   wait_locals(c_.ws.done, seq, phase, "done");
-  std::memcpy(out, buffer() + at, size_t(bytes * world()));
+  if (out != buffer() + at) std::memcpy(out, buffer() + at, size_t(bytes * world()));
+}
+
+void HostBackend::two_level_agrs_issue(const AgrsOp& op, const uint8_t* src) {
+  if (op.reduce) two_level_reduce_scatter(op.seq, src, op.n, op.bf16, op.at, Mem{buffer() + op.at, false});
+  else two_level_all_gather(op.seq, src, op.bytes, op.at, false, kPhaseSessionGather, buffer() + op.at);
 }
 
 void HostBackend::two_level_session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {

@@ -116,10 +116,7 @@ uint64_t engram_fetch_issue(Context& c, const int32_t* ids, int64_t n, uint64_t*
   RF_CHECK(fetches < InFlight::kMaxFetches, "STATE",
            "engramFetch: " + std::to_string(fetches) + " fetches are in flight already (at most " +
                std::to_string(InFlight::kMaxFetches) + "): wait() for one first");
-  const int64_t total = c.engram_entries * c.world();
-  for (int64_t i = 0; i < n; ++i)
-    RF_CHECK(ids[i] >= 0 && ids[i] < total, "EINVAL",
-             "indices[" + std::to_string(i) + "] = " + std::to_string(ids[i]) + " is outside [0, " + std::to_string(total) + ")");
+  check_engram_ids(c, ids, n);
   c.backend().check_alive("engramFetch");
   auto o = std::make_unique<InFlightOp>();
   o->kind = InFlightKind::Fetch;
