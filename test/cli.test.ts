@@ -134,7 +134,7 @@ describe('rankflow doctor', () => {
         // Which transport crosses nodes, per backend; cuda's says whether the NCCL found has its calls.
         expect(report.scaleOut.host.transport).toMatch(/^TCP between rail peers/);
         expect(report.scaleOut.cuda).toMatchObject({ transport: expect.stringMatching(/^grouped ncclSend\/ncclRecv between rail peers/), enabled: true });
-        expect(report.scaleOut.cuda.runs).toMatch(/^barrier and allGather .*; dispatch with a CPU sync and combine .*; AGRS sessions, engram .* and ppExchange .*, built and not yet run on a GPU; dispatch without a CPU sync and graphs refuse with BACKEND_UNAVAILABLE/);
+        expect(report.scaleOut.cuda.runs).toMatch(/^barrier and allGather .*; dispatch with a CPU sync and combine .*; AGRS sessions, engram .* and ppExchange .*; dispatch without a CPU sync and graphs refuse with BACKEND_UNAVAILABLE/);
         if (report.nccl?.unavailable) expect(report.scaleOut.cuda).toMatchObject({ available: false, unavailable: `no NCCL: ${report.nccl.unavailable.reason}` });
         else expect(report.scaleOut.cuda.available).toBe(typeof report.nccl?.version === 'string');
     });

@@ -58,7 +58,7 @@ const HOST_SCALE_OUT = 'TCP between rail peers (the rendezvous connects them; wo
 const CUDA_SCALE_OUT = "grouped ncclSend/ncclRecv between rail peers on the rank's stream, one NCCL communicator per rail (not NCCL's GIN device API)";
 const CUDA_RUNS = 'barrier and allGather (node-local kernels, then NCCL between rail peers); dispatch with a CPU sync and combine ' +
     '(planned on the host, node-local copy and fold kernels, NCCL between rail peers); ' +
-    'AGRS sessions, engram (this node\'s entries) and ppExchange in the host backend\'s two levels, built and not yet run on a GPU; ' +
+    'AGRS sessions, engram (this node\'s entries) and ppExchange in the host backend\'s two levels; ' +
     'dispatch without a CPU sync and graphs refuse with BACKEND_UNAVAILABLE (native/src/backends/cuda/scaleout.hpp)';
 
 /** The cuda scale-out leg as the probe saw NCCL (its `nccl` object), and what createGroup runs on it (native/src/backends/cuda/two_level.cc). */

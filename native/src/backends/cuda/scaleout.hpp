@@ -22,8 +22,8 @@
 //               the copy / fold / finish kernels of kernels/two_level.cu between node barriers, NCCL on
 //               the rails (first run 2026-12-01 at 1de3179: TWO_LEVEL_MOE_STATUS.md).
 //   sessions, engram, ppExchange : two_level_agrs.cc (and the flat entry points of collectives.cc and
-//               async.cc around it), the host backend's two levels: BUILT, NOT YET RUN ON A GPU
-//               (TWO_LEVEL_SESSIONS_STATUS.md).
+//               async.cc around it), the host backend's two levels (first run 2026-12-01 at 4add552:
+//               TWO_LEVEL_SESSIONS_STATUS.md).
 //   every other collective (dispatch without a CPU sync, graphs, the NCCL baselines) refuses with
 //               BACKEND_UNAVAILABLE naming the op, the rank usable.
 // What remains: a device-planned dispatch and combine (no CPU sync, capturable), on this leg, step by step (each kernel on the
