@@ -32,7 +32,7 @@ namespace rankflow::cuda {
   X(cuStreamCreate) X(cuStreamDestroy) X(cuStreamSynchronize) X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamWriteValue64) \
   X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuStreamIsCapturing)                        \
   X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy) X(cuGraphDestroy)      \
-  X(cuGraphCreate) X(cuGraphAddKernelNode) X(cuGraphKernelNodeSetAttribute) X(cuGraphExecKernelNodeSetParams) \
+  X(cuGraphCreate) X(cuGraphUpload) X(cuGraphAddKernelNode) X(cuGraphKernelNodeSetAttribute) X(cuGraphExecKernelNodeSetParams) \
   X(cuEventCreate) X(cuEventRecord) X(cuEventSynchronize) X(cuEventElapsedTime)                \
   X(cuEventDestroy) X(cuEventQuery) X(cuPointerGetAttribute)                                   \
   X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemcpyHtoDAsync) X(cuMemcpyDtoHAsync) X(cuMemcpyAsync)   \

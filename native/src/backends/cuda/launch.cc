@@ -74,11 +74,16 @@ void Launcher::keep(CUfunction f, int block, bool cooperative) {
     made = d.cuGraphKernelNodeSetAttribute(k.node, CU_KERNEL_NODE_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS;
   }
   if (made && d.cuGraphInstantiateWithFlags(&k.exec, k.graph, 0) != CUDA_SUCCESS) k.exec = nullptr;
+  // Uploaded now, on the rank's idle stream, rather than by its first launch.
+  if (k.exec != nullptr && d.cuGraphUpload(k.exec, kept_stream_) != CUDA_SUCCESS) {
+    d.cuGraphExecDestroy(k.exec);
+    k.exec = nullptr;
+  }
   kept_[key] = k;
 }
 
-// Every graph is made here, when the rank's context is new and none of its kernels runs, not at a
-// kernel's first launch, while other kernels may be spinning.
+// Every graph is made here, when the rank's context is new and none of its kernels has run (other
+// ranks' kernels may be running already), not at a kernel's first launch in the middle of its ops.
 void Launcher::prepare(CUstream s) {
   if (!graphs_) return;
   kept_stream_ = s;

@@ -5,17 +5,18 @@
 // share it (each gets its share), and cooperatively, so that no block spins while a sibling waits for
 // an SM that other work holds (the compute-overlap case). Launches are asynchronous on `stream`.
 // Outside a capture, each kernel on the rank's stream is launched as the one node of a graph the
-// launcher made for it (per kernel and attribute) when the context was made (prepare):
-// cuGraphExecKernelNodeSetParams with this launch's grid and Args, then cuGraphLaunch. On the
-// one-H200 machine that costs the CPU 2.5 µs against 3.6-4.4 µs for cuLaunchKernelEx of the same kernel, and a launch + wait for a flag the kernel writes 6.1-7.0 µs
-// against 7.5-8.4 (bench/results/launch-floor-2026-12-01.md). Where a graph cannot be made or updated
-// the launch is a cuLaunchKernelEx, as it is while the stream is being captured and on other
-// streams. The graphs are made before any kernel of the rank runs: made at each kernel's first launch
-// instead, while peers' kernels were spinning, the GPU suite had ranks sharing GPU 0 time out waiting
-// for a peer whose kernel never started (engram of 2 and 4 ranks; 4 ranks beside a kernel holding all
-// but 8 SMs: test/gpu/logs/test-gpu-1xH200-2026-12-01-graph-launch-all-ranks-FAILED.log); made
-// up front, the same tests passed (...-graphs-prepared-shared-agrs-moe.log). Graph launches did not
-// queue behind other streams' kernels in bench/launch-floor (queue-behind*.cc).
+// launcher made, instantiated and uploaded for it (per kernel and attribute) when the context was made
+// (prepare): cuGraphExecKernelNodeSetParams with this launch's grid and Args, then cuGraphLaunch. On
+// the one-H200 machine that costs the CPU 2.5 µs against 3.6-4.4 µs for cuLaunchKernelEx of the same
+// kernel, and a launch + wait for a flag the kernel writes 6.1-7.0 µs against 7.5-8.4
+// (bench/results/launch-floor-2026-12-01.md). Where a graph cannot be made or updated the launch is
+// a cuLaunchKernelEx, as it is while the stream is being captured and on other streams.
+// Made at each kernel's first launch instead, in the middle of the rank's ops, graphs made the GPU
+// suite time out for ranks sharing GPU 0 (a peer's kernel never started: engram of 2 and 4 ranks; 4
+// ranks beside a kernel holding all but 8 SMs; test/gpu/logs/*-graph-launch-all-ranks-FAILED.log);
+// made up front, the same tests and the whole suite pass. The cause was not established: graph
+// launches did not queue behind other streams' kernels in bench/launch-floor (queue-behind*.cc),
+// nor mix up the parameters of pending launches (pending-params.cc).
 #pragma once
 
 #include <cuda.h>
