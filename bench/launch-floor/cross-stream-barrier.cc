@@ -1,24 +1,11 @@
-#include <cuda.h>
-#include <dlfcn.h>
-#include <cstdio>
-#include <cstdlib>
-static void* sym(const char* n) { static void* h = dlopen("libcuda.so.1", RTLD_NOW); if (!h) { fprintf(stderr, "no libcuda\n"); exit(1); } void* p = dlsym(h, n); if (!p) { fprintf(stderr, "no %s\n", n); exit(1); } return p; }
-#define STR_(x) #x
-#define XSTR(x) STR_(x)
-#define P(fn) ([] { static auto f = (decltype(&fn))sym(XSTR(fn)); return f; }())
-#include <chrono>
-#include <fstream>
-#include <sstream>
-#include <string>
-#include <vector>
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s; P(cuGetErrorName)(r_, &s); fprintf(stderr, "%s: %s\n", #x, s); exit(1); } } while (0)
-using clk = std::chrono::steady_clock;
+// Kernels that wait for each other across streams (an n-way barrier, one kernel per stream), launched
+// directly or through one-node graphs, cooperative or not, with and without a kernel holding SMs on
+// another stream: does any of them wait for its peers until it gives up (1 s)?
+#include "driver.hpp"
+
 struct Kept { CUgraph g; CUgraphNode n; CUgraphExec e; };
 int main() {
-  CK(P(cuInit)(0)); CUdevice dev; CK(P(cuDeviceGet)(&dev, 0));
-  CUcontext ctx; CK(P(cuDevicePrimaryCtxRetain)(&ctx, dev)); CK(P(cuCtxSetCurrent)(ctx));
-  std::ifstream f("k3.cubin", std::ios::binary); std::stringstream ss; ss << f.rdbuf(); std::string img = ss.str();
-  CUmodule m; CK(P(cuModuleLoadData)(&m, img.data()));
+  CUmodule m = load_module("k3.cubin");
   CUfunction fx, fh; CK(P(cuModuleGetFunction)(&fx, m, "rf_xbar")); CK(P(cuModuleGetFunction)(&fh, m, "rf_hold"));
   CUdeviceptr flags, failed; CK(P(cuMemAlloc)(&flags, 4096)); CK(P(cuMemAlloc)(&failed, 4096)); CK(P(cuMemsetD8)(flags, 0, 4096)); CK(P(cuMemsetD8)(failed, 0, 4096));
   const int maxn = 8;

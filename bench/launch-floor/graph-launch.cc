@@ -1,34 +1,10 @@
 // Graph-launched single kernels: cuGraphExecKernelNodeSetParams + cuGraphLaunch against cuLaunchKernel.
-#include <cuda.h>
-#include <dlfcn.h>
-#include <cstdio>
-#include <cstdlib>
-static void* sym(const char* n) { static void* h = dlopen("libcuda.so.1", RTLD_NOW); if (!h) { fprintf(stderr, "no libcuda\n"); exit(1); } void* p = dlsym(h, n); if (!p) { fprintf(stderr, "no %s\n", n); exit(1); } return p; }
-#define STR_(x) #x
-#define XSTR(x) STR_(x)
-#define P(fn) ([] { static auto f = (decltype(&fn))sym(XSTR(fn)); return f; }())
-#include <algorithm>
-#include <chrono>
-#include <cstring>
-#include <fstream>
-#include <sstream>
-#include <string>
-#include <vector>
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s; P(cuGetErrorName)(r_, &s); fprintf(stderr, "%s: %s\n", #x, s); exit(1); } } while (0)
-using clk = std::chrono::steady_clock;
-static double us(clk::time_point a, clk::time_point b) { return std::chrono::duration<double, std::micro>(b - a).count(); }
+#include "driver.hpp"
+
 struct Big { unsigned long long w[48]; };
-static void report(const char* name, std::vector<double>& v) {
-  std::sort(v.begin(), v.end());
-  double s = 0; for (double x : v) s += x;
-  printf("%-66s p50 %6.2f  p10 %6.2f  p90 %6.2f  mean %6.2f us\n", name, v[v.size() / 2], v[v.size() / 10], v[v.size() * 9 / 10], s / v.size());
-}
 int main(int argc, char** argv) {
   const int N = argc > 1 ? atoi(argv[1]) : 20000;
-  CK(P(cuInit)(0)); CUdevice dev; CK(P(cuDeviceGet)(&dev, 0));
-  CUcontext ctx; CK(P(cuDevicePrimaryCtxRetain)(&ctx, dev)); CK(P(cuCtxSetCurrent)(ctx));
-  std::ifstream f("k.cubin", std::ios::binary); std::stringstream ss; ss << f.rdbuf(); std::string img = ss.str();
-  CUmodule m; CK(P(cuModuleLoadData)(&m, img.data()));
+  CUmodule m = load_module("k.cubin");
   CUfunction ff; CK(P(cuModuleGetFunction)(&ff, m, "rf_flag"));
   CUstream s; CK(P(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING));
   volatile unsigned long long* hflag; CK(P(cuMemHostAlloc)((void**)&hflag, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
@@ -57,8 +33,8 @@ int main(int argc, char** argv) {
           auto t0 = clk::now(); CK(P(cuGraphExecKernelNodeSetParams)(ge, node, &kp)); auto t1 = clk::now(); CK(P(cuGraphLaunch)(ge, s)); auto t2 = clk::now(); spin(seq);
           rt.push_back(us(t0, clk::now())); sp.push_back(us(t0, t1)); gl.push_back(us(t1, t2));
         }
-        snprintf(name, sizeof name, "grid %d coop %d: graph SetParams+Launch round trip (kernel writes flag)", grid, coop); report(name, rt);
-        report("   of it SetParams", sp); report("   of it cuGraphLaunch", gl);
+        snprintf(name, sizeof name, "grid %d coop %d: graph SetParams+Launch round trip (kernel writes flag)", grid, coop); report(name, rt, 66);
+        report("   of it SetParams", sp, 66); report("   of it cuGraphLaunch", gl, 66);
       }
       { std::vector<double> rt, lc;
         CUlaunchConfig cfg = {}; cfg.gridDimX = grid; cfg.gridDimY = cfg.gridDimZ = 1; cfg.blockDimX = block; cfg.blockDimY = cfg.blockDimZ = 1; cfg.hStream = s;
@@ -68,8 +44,8 @@ int main(int argc, char** argv) {
           auto t0 = clk::now(); CK(P(cuLaunchKernelEx)(&cfg, ff, params, nullptr)); auto t1 = clk::now(); spin(seq);
           rt.push_back(us(t0, clk::now())); lc.push_back(us(t0, t1));
         }
-        snprintf(name, sizeof name, "grid %d coop %d: cuLaunchKernelEx round trip (kernel writes flag)", grid, coop); report(name, rt);
-        report("   of it the launch", lc);
+        snprintf(name, sizeof name, "grid %d coop %d: cuLaunchKernelEx round trip (kernel writes flag)", grid, coop); report(name, rt, 66);
+        report("   of it the launch", lc, 66);
       }
       { // back to back, no wait: CPU per call
         std::vector<double> g1, l1;
@@ -79,7 +55,7 @@ int main(int argc, char** argv) {
         CK(P(cuStreamSynchronize)(s));
         for (int i = 0; i < N; ++i) { a = ++seq; auto t0 = clk::now(); CK(P(cuLaunchKernelEx)(&cfg, ff, params, nullptr)); l1.push_back(us(t0, clk::now())); if (i % 32 == 31) CK(P(cuStreamSynchronize)(s)); }
         CK(P(cuStreamSynchronize)(s));
-        report("   back to back CPU: SetParams+cuGraphLaunch", g1); report("   back to back CPU: cuLaunchKernelEx", l1);
+        report("   back to back CPU: SetParams+cuGraphLaunch", g1, 66); report("   back to back CPU: cuLaunchKernelEx", l1, 66);
       }
     }
     if (*hflag != seq) { fprintf(stderr, "flag %llu != seq %llu\n", (unsigned long long)*hflag, seq); return 1; }
@@ -93,7 +69,7 @@ int main(int argc, char** argv) {
       auto t0 = clk::now(); CUgraph g; CK(P(cuGraphCreate)(&g, 0)); CUgraphNode node; CK(P(cuGraphAddKernelNode)(&node, g, nullptr, 0, &kp)); CUgraphExec ge; CK(P(cuGraphInstantiateWithFlags)(&ge, g, 0));
       v.push_back(us(t0, clk::now())); CK(P(cuGraphExecDestroy)(ge)); CK(P(cuGraphDestroy)(g));
     }
-    report("create + instantiate a one-node graph", v);
+    report("create + instantiate a one-node graph", v, 66);
   }
   puts("ok");
   return 0;

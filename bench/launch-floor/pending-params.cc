@@ -1,23 +1,9 @@
-#include <cuda.h>
-#include <dlfcn.h>
-#include <cstdio>
-#include <cstdlib>
-static void* sym(const char* n) { static void* h = dlopen("libcuda.so.1", RTLD_NOW); if (!h) { fprintf(stderr, "no libcuda\n"); exit(1); } void* p = dlsym(h, n); if (!p) { fprintf(stderr, "no %s\n", n); exit(1); } return p; }
-#define STR_(x) #x
-#define XSTR(x) STR_(x)
-#define P(fn) ([] { static auto f = (decltype(&fn))sym(XSTR(fn)); return f; }())
-#include <chrono>
-#include <fstream>
-#include <sstream>
-#include <string>
-#include <vector>
-#define CK(x) do { CUresult r_ = (x); if (r_ != CUDA_SUCCESS) { const char* s; P(cuGetErrorName)(r_, &s); fprintf(stderr, "%s: %s\n", #x, s); exit(1); } } while (0)
-using clk = std::chrono::steady_clock;
+// 16 launches of one graph, each with new parameters (cuGraphExecKernelNodeSetParams), queued behind a
+// 50 ms kernel: does each run with its own parameters, and does the update wait for the queue?
+#include "driver.hpp"
+
 int main() {
-  CK(P(cuInit)(0)); CUdevice dev; CK(P(cuDeviceGet)(&dev, 0));
-  CUcontext ctx; CK(P(cuDevicePrimaryCtxRetain)(&ctx, dev)); CK(P(cuCtxSetCurrent)(ctx));
-  std::ifstream f("k4.cubin", std::ios::binary); std::stringstream ss; ss << f.rdbuf(); std::string img = ss.str();
-  CUmodule m; CK(P(cuModuleLoadData)(&m, img.data()));
+  CUmodule m = load_module("k4.cubin");
   CUfunction fs, fh; CK(P(cuModuleGetFunction)(&fs, m, "rf_slot")); CK(P(cuModuleGetFunction)(&fh, m, "rf_hold"));
   CUdeviceptr slots; CK(P(cuMemAlloc)(&slots, 8 * 64));
   CUstream s; CK(P(cuStreamCreate)(&s, CU_STREAM_NON_BLOCKING));
