@@ -17,9 +17,6 @@
 namespace rankflow::cuda {
 
 namespace {
-
-CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-
 struct AsyncEnd final : AsyncState {
   CUevent done = nullptr;  // recorded after the op's last work on the stream
 };

@@ -35,6 +35,10 @@ namespace rankflow::cuda {
 
 class CudaBackend;
 
+// A device address as the driver takes it, from the pointer a Mem or a tensor holds, and back.
+inline CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
+inline void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(uintptr_t(p)); }
+
 // A block of the rank's device pool, given back when the last owner lets go (layouts, graphs).
 struct DeviceBlock {
   DeviceBlock(DevicePool& pool, int64_t bytes, const char* what) : pool(pool), ptr(pool.alloc(bytes, what)) {}

@@ -13,10 +13,6 @@
 
 namespace rankflow::cuda {
 
-namespace {
-CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-}  // namespace
-
 // With CPU sync the rank waits for the kernel's completion flag (mapped host memory the kernel writes
 // last): the kernel completes only once every peer's barrier kernel arrived, i.e. once every peer's
 // CPU called the barrier and its earlier GPU work is done. That is the CPU round already, so cuda needs

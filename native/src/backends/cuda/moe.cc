@@ -17,11 +17,6 @@
 
 namespace rankflow::cuda {
 
-namespace {
-CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(uintptr_t(p)); }
-}  // namespace
-
 kargs::MoeShape CudaBackend::moe_shape() const {
   const EpConfig& ep = c_.cfg.ep;
   kargs::MoeShape m;

@@ -22,12 +22,6 @@
 
 namespace rankflow::cuda {
 
-namespace {
-
-CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-
-}  // namespace
-
 void CudaBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
   CudaLayout& st = layout_of(l);
   RF_CHECK(st.two != nullptr, "STATE", "combine: this handle's dispatch did not run in two levels");

@@ -11,11 +11,6 @@
 
 namespace rankflow::cuda {
 
-namespace {
-CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-void* ptr(CUdeviceptr p) { return reinterpret_cast<void*>(uintptr_t(p)); }
-}  // namespace
-
 void CudaBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
   CudaLayout& st = layout_of(l);
   RF_CHECK(st.two != nullptr, "STATE", "dispatch: this handle's dispatch did not run in two levels");

@@ -30,9 +30,6 @@
 namespace rankflow::cuda {
 
 namespace {
-
-CUdeviceptr dev(const void* p) { return CUdeviceptr(reinterpret_cast<uintptr_t>(p)); }
-
 // A record's routing part: {int32 token, int32 ids[K], fp32 weights[K]}; its data part: {x row, scales}.
 int64_t meta_bytes(int64_t K) { return (1 + 2 * K) * 4; }
 
