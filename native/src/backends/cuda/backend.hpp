@@ -194,6 +194,8 @@ class CudaBackend final : public Backend {
   void two_level_counts(DispatchLayout& l);
   void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
   void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out);
+  // The layout of a handle whose dispatch ran in two levels, the rails checked for `op` (STATE otherwise).
+  CudaLayout& two_level_layout(DispatchLayout& l, const char* op);
   // The node's barrier kernel on slot array `array` (each array used at most once per op).
   void node_barrier(uint64_t seq, int64_t array, Phase phase);
   // Device memory for the op's transfers, kept in the layout (tl_upload: filled from host memory).

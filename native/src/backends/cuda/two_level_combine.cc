@@ -23,9 +23,7 @@
 namespace rankflow::cuda {
 
 void CudaBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
-  CudaLayout& st = layout_of(l);
-  RF_CHECK(st.two != nullptr, "STATE", "combine: this handle's dispatch did not run in two levels");
-  check_rails("combine");
+  CudaLayout& st = two_level_layout(l, "combine");
   const TwoLevelRouting& two = *st.two;
   const Nodes& nd = c_.nodes;
   const EpConfig& ep = c_.cfg.ep;

@@ -12,9 +12,7 @@
 namespace rankflow::cuda {
 
 void CudaBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
-  CudaLayout& st = layout_of(l);
-  RF_CHECK(st.two != nullptr, "STATE", "dispatch: this handle's dispatch did not run in two levels");
-  check_rails("dispatch");
+  CudaLayout& st = two_level_layout(l, "dispatch");
   const TwoLevelRouting& two = *st.two;
   const Nodes& nd = c_.nodes;
   const EpConfig& ep = c_.cfg.ep;

@@ -61,6 +61,13 @@ void CudaBackend::node_barrier(uint64_t seq, int64_t array, Phase phase) {
   launch_->barrier(stream_, a);
 }
 
+CudaLayout& CudaBackend::two_level_layout(DispatchLayout& l, const char* op) {
+  CudaLayout& st = layout_of(l);
+  RF_CHECK(st.two != nullptr, "STATE", std::string(op) + ": this handle's dispatch did not run in two levels");
+  check_rails(op);
+  return st;
+}
+
 void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
   const Nodes& nd = c_.nodes;
   const EpConfig& ep = c_.cfg.ep;
