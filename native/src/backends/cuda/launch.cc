@@ -55,8 +55,6 @@ Launcher::~Launcher() {
 
 template <typename Args>
 void Launcher::keep(CUfunction f, int block, bool cooperative) {
-  const auto key = std::make_tuple(f, cooperative, kept_stream_);
-  if (kept_.count(key) != 0) return;  // (notify without the cooperative attribute, twice)
   const Driver& d = driver();
   Args zero{};
   void* params[] = {&zero};
@@ -79,7 +77,7 @@ void Launcher::keep(CUfunction f, int block, bool cooperative) {
     d.cuGraphExecDestroy(k.exec);
     k.exec = nullptr;
   }
-  kept_[key] = k;
+  kept_[std::make_tuple(f, cooperative, kept_stream_)] = k;
 }
 
 // Every graph is made here, when the rank's context is new and none of its kernels has run (other
@@ -92,8 +90,8 @@ void Launcher::prepare(CUstream s) {
   keep<kargs::SignalArgs>(k_.signal, kSignalThreads, false);
   keep<kargs::AllGatherArgs>(k_.all_gather, kCopyThreads, c);
   keep<kargs::PutArgs>(k_.put, kCopyThreads, c);
-  keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, false);
-  keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, c);
+  keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, false);  // one block: launched without the attribute
+  if (c) keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, true);
   keep<kargs::DispatchArgs>(k_.dispatch_data, kDataThreads, c);
   keep<kargs::CombineArgs>(k_.combine, kDataThreads, c);
   keep<kargs::ReduceArgs>(k_.reduce, 256, false);
