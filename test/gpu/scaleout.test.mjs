@@ -73,6 +73,14 @@ function byName(msgs) {
   return got;
 }
 
+/** Every result of the one-node host group's (`want`, by name) equals the world's, bit for bit; traffic is checked apart. */
+function sameResults(got, want) {
+  for (const [name, values] of Object.entries(want)) {
+    if (name.startsWith('traffic.')) continue;
+    assert.deepEqual(got[name], values, name);
+  }
+}
+
 /** The destination ranks of each token of global rank g in a dispatch case, ascending. */
 function destinations(g, name, W) {
   const { topkIdx } = dispatchInput(g, name);
@@ -134,10 +142,7 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
     test('dispatch and combine equal a one-node host group\'s, bit for bit; scale-out bytes as the two-level design sends them', async () => {
       const got = byName(await Promise.all(procs.map((c) => c.next('moe', 300_000))));
       const want = (await oracle(W)).moe;
-      for (const [name, values] of Object.entries(want)) {
-        if (name.startsWith('traffic.')) continue;
-        assert.deepEqual(got[name], values, name);
-      }
+      sameResults(got, want);
       const nodeOf = (g) => Math.floor(g / R);
       // dispatch: tokens x distinct remote destination nodes x record bytes (row, k ids, k weights, token id).
       const record = HIDDEN * 2 + TOPK * 8 + 4;
@@ -173,10 +178,7 @@ for (const [N, R] of [[2, 1], [2, 2]]) {
     test('AGRS sessions (allGather, reduceScatter fp32 and bf16, cancelling sums), ppExchange and engramWrite equal a one-node host group\'s, bit for bit; scale-out and scale-up bytes as the host backend\'s two levels count them', async () => {
       const got = byName(await Promise.all(procs.map((c) => c.next('agrs', 300_000))));
       const want = (await oracle(W)).agrs;
-      for (const [name, values] of Object.entries(want)) {
-        if (name.startsWith('traffic.')) continue;
-        assert.deepEqual(got[name], values, name);
-      }
+      sameResults(got, want);
       assert.ok(got['session.reduceScatter.cancel.fp32'], 'the cancelling case ran');
       for (let g = 0; g < W; g++)
         for (const [name, t] of Object.entries(agrsTraffic(g, N, R))) assert.deepEqual(got[name][g], t, `${name}, rank ${g}`);
