@@ -73,7 +73,8 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
       cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof g.opts.inspect === 'function',
       backend: g.backend, abort, runAbort, traffic: new SharedArrayBuffer(TRAFFIC.bytes), ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
       tuning: {
-        ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, graphLaunch: config.graphLaunch, ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}),
+        ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, graphLaunch: config.graphLaunch, fusedDispatch: config.fusedDispatch,
+        ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}),
         ...(ncclHostId !== undefined ? { ncclHostId } : {}),
       },
       ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl } : {}),

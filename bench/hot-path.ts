@@ -54,7 +54,7 @@ async function cudaRun() {
   const tokens = flags.tokens!.split(',').map(Number);
   const ep = { maxTokensPerRank: Math.max(...tokens), hidden: 7168, topk: 8, numExperts: 256 };
   const args: HotPathArgs = { hidden: ep.hidden, topk: ep.topk, experts: ep.numExperts, tokens, iters, warmup };
-  const groups: Record<string, { figures: HotFigure[]; driverBarrierP50: number; launches?: { graph: number; direct: number } }> = {};
+  const groups: Record<string, { figures: HotFigure[]; driverBarrierP50: number; launches?: { graph: number; direct: number; fusedDispatches: number } }> = {};
   for (const ranks of [1, 2]) {
     const g = await createGroup({ backend: 'cuda', ranks, devices: Array(ranks).fill(0), buffer: { ...ep, bytes: sizeHint(ep, ranks) } });
     try {
@@ -67,7 +67,7 @@ async function cudaRun() {
       });
       const driverBarrierP50 = await driverBarrier(g);
       const dev = (await g.info(0)).device;  // rank 0's kernel launches: through the kept graphs or not (launch.hpp)
-      const launches = dev ? { graph: dev.graphLaunches, direct: dev.directLaunches } : undefined;
+      const launches = dev ? { graph: dev.graphLaunches, direct: dev.directLaunches, fusedDispatches: dev.fusedDispatches } : undefined;
       groups[`${ranks} rank${ranks > 1 ? 's sharing GPU 0' : ''}`] = { figures, driverBarrierP50, ...(launches ? { launches } : {}) };
     } finally {
       await g.destroy();
@@ -91,7 +91,7 @@ function printCuda(r: Awaited<ReturnType<typeof cudaRun>>) {
     for (const f of g.figures)
       console.log(`${f.op.padEnd(44)} ${String(f.tokens ?? '').padStart(6)} ${f1(f.call_p50_us).padStart(9)} ${f1(f.call_p99_us).padStart(8)} ${f1(f.submit_p50_us).padStart(7)} ${f1(f.loop_us).padStart(8)} ${f1(f.device_us).padStart(8)} ${f1(f.host_us).padStart(7)}`);
     console.log(`${'driver-mode barrier (group.barrier)'.padEnd(44)} ${''.padStart(6)} ${f1(g.driverBarrierP50).padStart(9)}`);
-    if (g.launches) console.log(`rank 0's kernel launches: ${g.launches.graph} through kept graphs, ${g.launches.direct} direct`);
+    if (g.launches) console.log(`rank 0's kernel launches: ${g.launches.graph} through kept graphs, ${g.launches.direct} direct; ${g.launches.fusedDispatches} dispatches without a CPU sync as one kernel (RANKFLOW_FUSED_DISPATCH)`);
   }
   if (torch?.figures) {
     console.log('\ntorch on the same GPU (device µs)');

@@ -212,6 +212,12 @@ RF_HD int64_t notify_block_tokens(int64_t num_tokens, int64_t blocks) {
   return blocks > 0 ? (num_tokens + blocks - 1) / blocks : num_tokens;
 }
 
+// The tokens each routing block of a notify grid of `blocks` takes: all blocks route in
+// rf_dispatch_notify; in the fused dispatch (rf_dispatch_fused) block 0 routes none when there are others.
+RF_HD int64_t notify_route_tokens(int64_t num_tokens, int64_t blocks, bool fused) {
+  return notify_block_tokens(num_tokens, fused && blocks > 1 ? blocks - 1 : blocks);
+}
+
 // What each block of a multi-block rf_dispatch_notify tells the others, in device memory (after the
 // routing's topk copies): its row is written before the grid's barrier and read after it. A grid of
 // one block needs none.
@@ -256,6 +262,9 @@ struct NotifyArgs {
   // blocks (one without scratch).
   uint8_t* scratch = nullptr;
   int64_t scratch_blocks = 1;
+  // rf_dispatch_fused: FusedScratch::make(fused_blocks, ...) bytes, zero where untouched.
+  uint8_t* fused_scratch = nullptr;
+  int64_t fused_blocks = 0;
 };
 
 // rf_dispatch_data: with `announce` (a cached dispatch: no notify ran for this seq) block 0 sends the
@@ -270,6 +279,36 @@ struct DispatchArgs {
   DispatchOut out;
   uint64_t fingerprint = 0;
   int32_t announce = 0, pad = 0;
+};
+
+// What the routing blocks of rf_dispatch_fused tell each other, in device memory kept by the context
+// (a rank's kernels run one after another): per block a flag (the op's sequence number once its row
+// is there), its tokens per destination rank and its first bad id, and a second flag once its expert
+// counts are in the grid's totals (added up by the routing blocks, taken back to zero by block 0).
+struct FusedScratch {
+  int64_t flag = 0, send_count = 0, bad = 0, expert_flag = 0, expert_total = 0, bytes = 0;
+
+  RF_HD static FusedScratch make(int64_t blocks, int32_t world, int32_t num_experts) {
+    FusedScratch l;
+    const int64_t a = kRegionAlignment;
+    int64_t off = 0;
+    l.flag = off;         off = align_up(off + blocks * 8, a);
+    l.send_count = off;   off = align_up(off + blocks * world * 4, a);
+    l.bad = off;          off = align_up(off + blocks * 8, a);
+    l.expert_flag = off;  off = align_up(off + blocks * 8, a);
+    l.expert_total = off; off = align_up(off + (num_experts > 0 ? num_experts : 1) * 4, a);
+    l.bytes = off;
+    return l;
+  }
+};
+
+// rf_dispatch_fused: a dispatch without a CPU sync in one kernel, the notify's steps (notify.cuh)
+// and then the data kernel's, each block copying the tokens it routed. `data` is as for
+// rf_dispatch_data (announce 0: the notify part sends `enter`), its topk the inputs' (the routing's
+// copies are being written by other blocks).
+struct FusedDispatchArgs {
+  NotifyArgs notify;
+  DispatchArgs data;
 };
 
 // rf_combine: send_blocks > 0 splits the grid into senders and reducers (per-row flags).

@@ -28,6 +28,10 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
+// Between the blocks of one grid (the fused dispatch's routing flags): GPU scope is enough.
+__device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
 __device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
@@ -179,12 +183,12 @@ __device__ __forceinline__ void load_peers(uint64_t* peers, const RankArgs& a) {
 // block, not per thread: system-scope fences serialise across the GPU (a fence in each of 132 x 512
 // threads cost ~600 us per dispatch on an H200). The count is left at zero for the next launch on
 // the stream. Every thread of a block gets the same answer.
-__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) {
+__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals, unsigned int blocks) {
   __syncthreads();
   __shared__ bool last;
   if (threadIdx.x == 0) {
     __threadfence_system();
-    last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
+    last = atomicAdd(arrivals, 1u) == blocks - 1;
   }
   __syncthreads();
   if (!last) return false;
@@ -192,6 +196,7 @@ __device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) {
   if (threadIdx.x == 0) *arrivals = 0;
   return true;
 }
+__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) { return last_block_arrived(arrivals, gridDim.x); }
 
 // A barrier of the whole grid, whose blocks must be resident at once (a cooperative launch, or a grid
 // of Launcher::grid_for's size): it returns in every block once every block has called it, with what

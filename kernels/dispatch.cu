@@ -11,7 +11,14 @@
 //   The last block to finish signals `done` to every rank (itself too); every block waits for all
 //   `done`s, then the grid keeps src_token and weights in the state (for combine) and copies the
 //   outputs out of the buffer when asked to.
-#include "moe.cuh"
+// rf_dispatch_fused (a dispatch without a CPU sync, device inputs, outputs in the buffer): the two in
+//   one launch. Block 0 does the notify's counting and talking to the peers; blocks 1.. each route a
+//   run of tokens (notify.cuh, `fused`) and then copy those same tokens, at the offsets the receivers'
+//   `enter`s carry (their own rows at the sum of the lower ranks' counts, without waiting for
+//   themselves). Block 0 counts in the end once it has read the peers' counts, not after writing the
+//   state (the kernel's end orders that before the next op). RANKFLOW_FUSED_DISPATCH=0 runs
+//   rf_dispatch_notify + rf_dispatch_data.
+#include "notify.cuh"
 
 using namespace rankflow;
 using namespace rankflow::kernels;
@@ -20,10 +27,29 @@ namespace {
 constexpr int kUnroll = 8;  // 16-byte loads in flight per lane before the stores
 }  // namespace
 
-extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const DispatchArgs args) {
-  __shared__ uint64_t peers[kMaxRanks];
+// The tokens [t_lo, t_hi) a set of `warps` warps copies (this thread's warp is `first_warp` of them):
+// the whole grid's in rf_dispatch_data, the block's own in rf_dispatch_fused. `blocks` of the grid
+// take part (the fused dispatch's block 0 copies nothing and does not wait for the end), and the
+// `lead` one writes what one block writes for all.
+struct DataPart {
+  int64_t t_lo, t_hi, first_warp, warps;
+  unsigned int blocks, block;  // the blocks taking part, and this one's index among them
+  unsigned int arrivals;       // the arrivals that end the copies (fused: block 0's too)
+  bool lead;
+};
+
+// The data kernel's steps as a block runs them. own_from_counts: my own rows' first row in my buffer is
+// the sum of the lower ranks' rank counts to me (the fused dispatch: its notify part is this very
+// kernel, and no state has it yet); rank 0's is 0 without a wait. Otherwise it is in the state. Either
+// way my own rows wait for no `enter`: my buffer's earlier readers are earlier work of my stream. `arrivals`:
+// the word the grid counts its finished blocks on. part_ok false: the block's part of the notify gave
+// up; it copies nothing, and the op ends as any whose wait gave up.
+__device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataPart part, bool own_from_counts,
+                                           unsigned int* arrivals, bool part_ok, const uint64_t* known_peers = nullptr) {
+  __shared__ uint64_t own_peers[kMaxRanks];
   __shared__ int offs[kMaxRanks];
   __shared__ unsigned long long refused_bits;
+  __shared__ int own_first;
   const RankArgs& a = args.r;
   const MoeShape& m = args.m;
   const MoeState& st = args.st;
@@ -33,48 +59,62 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const uint64_t seq = op_seq(a);
-  if (tid < W) peers[tid] = a.peers[tid];
-  if (tid == 0) refused_bits = 0;
+  const bool lead = part.lead;
+  const uint64_t* peers = known_peers != nullptr ? known_peers : own_peers;
+  if (known_peers == nullptr && tid < W) own_peers[tid] = a.peers[tid];
+  if (tid == 0) refused_bits = 0, own_first = 0;
   __syncthreads();
   const uint64_t mine = peers[rank];
   // My own rows need no enter: my buffer's earlier readers are earlier work of my stream, and my
   // offset in it is in my state (a wait on my own slot cost every op ~1.7 µs: the signal's round
   // trip through the memory system, block 0's store to the other blocks' loads).
-  if (args.announce != 0 && blockIdx.x == 0 && tid < W && tid != rank && !gave_up(a.arrivals))
+  if (args.announce != 0 && lead && tid < W && tid != rank && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, uint64_t(st.recv_offset[tid]), args.fingerprint);
-  bool ok = true;
+  bool ok = part_ok;
   if (tid == rank) {
-    ok = !gave_up(a.arrivals);  // a notify that gave up announced nothing, to me neither
-    offs[tid] = st.recv_offset[tid];
-    if (blockIdx.x == 0) st.send_offset[tid] = offs[tid];
+    if (!own_from_counts) {
+      ok = ok && !gave_up(a.arrivals);  // a notify that gave up announced nothing, to me neither
+      offs[tid] = st.recv_offset[tid];
+      if (lead) st.send_offset[tid] = offs[tid];
+    }
   } else if (tid < W) {
     uint64_t o = 0, tag = 0;
-    ok = wait_signal(slot_at(mine, a.ws, a.ws.enter, tid), seq, a, kPhaseEnter, tid, &o, &tag);
+    ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.enter, tid), seq, a, kPhaseEnter, tid, &o, &tag);
     offs[tid] = int(o);
-    if (ok && blockIdx.x == 0) st.send_offset[tid] = int(o);
+    if (ok && lead) st.send_offset[tid] = int(o);
     // Receiver tid replays another dispatch's routing: its offsets mean nothing to me. Nothing is
     // sent to it (done still is), and the op is reported; tid finds my tag wrong as well.
     if (ok && tag != args.fingerprint) {
-      if (blockIdx.x == 0) report_bad(a.ctl, seq, kBadHandle, tid);
+      if (lead) report_bad(a.ctl, seq, kBadHandle, tid);
       atomicOr(&refused_bits, 1ull << tid);
     }
   }
+  if (own_from_counts && tid < rank) {
+    uint64_t n = 0;
+    ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseNotify, tid, &n);
+    if (ok) atomicAdd(&own_first, int(n));
+  }
   ok = __syncthreads_and(ok);
+  if (own_from_counts) {
+    if (tid == rank) {
+      offs[tid] = own_first;
+      if (lead) st.send_offset[tid] = own_first;
+    }
+    __syncthreads();
+  }
   const uint64_t refused = refused_bits;
 
-  const int64_t T = in.num_tokens;
   const int64_t row = int64_t(m.hidden) * in.x_elem_bytes;  // bytes, a multiple of 16
   const int64_t nvec = row / 16;
   const int S = in.scales != nullptr ? int(m.buf.scales_per_token) : 0;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
-  const int64_t first_warp = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + tid / kWarpSize;
+  const int64_t warps = part.warps, first_warp = part.first_warp, T = part.t_hi - part.t_lo;
   const char* x = static_cast<const char*>(in.x);
   // Work items: (token, chunk of its row): row_chunks (common.cuh).
   constexpr int64_t kStep = int64_t(kWarpSize) * kUnroll;  // vectors per warp step
   const RowChunks rc = row_chunks(T, warps, nvec);
   const int64_t chunks = rc.chunks, chunk_vecs = rc.vecs;
   for (int64_t j = first_warp; ok && j < T * chunks; j += warps) {
-    const int64_t t = j / chunks, chunk = j - t * chunks;
+    const int64_t q = j / chunks, t = part.t_lo + q, chunk = j - q * chunks;
     const char* src = x + t * row;
     const int64_t lo = chunk * chunk_vecs, hi = min(nvec, lo + chunk_vecs);
     // Everything the item needs is loaded at once: the first step of its row, its routing and (chunk
@@ -145,18 +185,29 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
     }
   }
 
+  // The rows I receive: in the state, or (fused: block 0 may still be writing the state) the sum of
+  // the peers' rank counts, read before this block's arrival: after it, a peer that got my `done`
+  // may already have given me its next op's count in the same slot.
+  __shared__ int received;
+  if (own_from_counts) {
+    if (tid == 0) received = 0;
+    __syncthreads();
+    uint64_t n = 0;
+    if (tid < W && ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n))
+      atomicAdd(&received, int(n));
+  }
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
-  if (last_block_arrived(a.arrivals) && tid < W && !gave_up(a.arrivals))
+  if (last_block_arrived(arrivals, part.arrivals) && tid < W && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   ok = true;
   if (tid < W) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
   if (!__syncthreads_and(ok)) return;
 
   // Received: keep what combine needs, and copy the outputs out when asked.
-  const int64_t num = st.recv_offset[W];
+  const int64_t num = own_from_counts ? received : st.recv_offset[W];
   const uint64_t b = buf_base(a, peers, rank);
-  const int64_t gthreads = int64_t(gridDim.x) * blockDim.x;
-  const int64_t gtid = int64_t(blockIdx.x) * blockDim.x + tid;
+  const int64_t gthreads = int64_t(part.blocks) * blockDim.x;
+  const int64_t gtid = int64_t(part.block) * blockDim.x + tid;
   const int32_t* rtok = reinterpret_cast<const int32_t*>(b + uint64_t(m.buf.src_token));
   const float* rw = reinterpret_cast<const float*>(b + uint64_t(m.buf.topk_weights));
   for (int64_t o = gtid; o < num; o += gthreads) st.recv_src_token[o] = rtok[o];
@@ -192,4 +243,27 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const Dispatc
       out.src_rank[o] = st.recv_src_rank[o];
     }
   }
+}
+
+extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const DispatchArgs args) {
+  const int64_t wpb = blockDim.x / kWarpSize;
+  const DataPart all{0, args.in.num_tokens, int64_t(blockIdx.x) * wpb + threadIdx.x / kWarpSize, int64_t(gridDim.x) * wpb,
+                     gridDim.x, blockIdx.x, gridDim.x, blockIdx.x == 0};
+  data_phase(args, all, /*own_from_counts=*/false, args.r.arrivals, true);
+}
+
+// A dispatch without a CPU sync in one launch: the notify's steps, and then each block copies the
+// tokens it routed (their masks and slots are its own stores). With several blocks, block 0 meanwhile
+// gives the peers the counts, arrives once it has read theirs and then writes the state, which the
+// kernel's end orders before the next op. The end counts on arrivals[2].
+extern "C" __global__ void __launch_bounds__(512) rf_dispatch_fused(const FusedDispatchArgs args) {
+  int t_lo = 0, t_hi = 0;
+  const uint64_t* peers = nullptr;
+  const bool alone = gridDim.x == 1;
+  unsigned int* end = args.data.r.arrivals + 2;
+  const bool ok = notify_phase(args.notify, /*fused=*/true, &t_lo, &t_hi, &peers, alone ? nullptr : end, gridDim.x);
+  if (!alone && blockIdx.x == 0) return;
+  const DataPart mine{t_lo, t_hi, threadIdx.x / kWarpSize, blockDim.x / kWarpSize, alone ? 1u : gridDim.x - 1,
+                      alone ? 0u : blockIdx.x - 1, gridDim.x, blockIdx.x == (alone ? 0u : 1u)};
+  data_phase(args.data, mine, /*own_from_counts=*/true, end, ok, peers);
 }

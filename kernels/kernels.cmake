@@ -100,7 +100,7 @@ function(rankflow_kernel_sources out_var)
                 -Werror all-warnings
                 -o "${fatbin}" "${RF_KERNELS_DIR}/${name}.cu"
         DEPENDS "${RF_KERNELS_DIR}/${name}.cu" "${RF_KERNELS_DIR}/common.cuh"
-                "${RF_KERNELS_DIR}/moe.cuh" "${RF_KERNELS_DIR}/args.hpp" "${RF_KERNELS_DIR}/protocol.hpp"
+                "${RF_KERNELS_DIR}/moe.cuh" "${RF_KERNELS_DIR}/notify.cuh" "${RF_KERNELS_DIR}/args.hpp" "${RF_KERNELS_DIR}/protocol.hpp"
         COMMENT "nvcc ${name}.cu -> ${sass_text} fatbin"
         VERBATIM)
       add_custom_command(

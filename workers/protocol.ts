@@ -28,7 +28,7 @@ export interface RankInit {
   /** tests only (RANKFLOW_TEST_FIRST_SEQ): the sequence number the rank's collectives start after */
   firstSeq?: number;
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */
-  tuning: { ceMinBytes: number; cooperative: boolean; graphLaunch: boolean; ncclHome?: string; ncclHostId?: string };
+  tuning: { ceMinBytes: number; cooperative: boolean; graphLaunch: boolean; fusedDispatch: boolean; ncclHome?: string; ncclHostId?: string };
 }
 
 export interface TransitionEvent {

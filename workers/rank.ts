@@ -40,6 +40,7 @@ const native = new addon.Context({
   ceMinBytes: init.tuning.ceMinBytes,
   cooperative: init.tuning.cooperative,
   graphLaunch: init.tuning.graphLaunch,
+  fusedDispatch: init.tuning.fusedDispatch,
   ...(init.tuning.ncclHome ? { ncclHome: init.tuning.ncclHome } : {}),
   ...(init.tuning.ncclHostId ? { ncclHostId: init.tuning.ncclHostId } : {}),
   ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),

@@ -21,7 +21,9 @@ export interface NativeInfo {
   window: bigint;
   peerWindows: bigint[];
   /** cuda: the rank's GPU, whether its NCCL communicator is up, its SMs and this rank's share of them */
-  device?: { ordinal: number; name: string; nccl: boolean; sms: number; smShare: number; graphLaunches: number; directLaunches: number };
+  device?: { ordinal: number; name: string; nccl: boolean; sms: number; smShare: number; graphLaunches: number; directLaunches: number;
+    /** dispatches without a CPU sync that ran as one kernel (RANKFLOW_FUSED_DISPATCH) */
+    fusedDispatches: number };
   domains: {
     numNvlRanks: number; numRdmaRanks: number; nvlRankIdx: number; rdmaRankIdx: number;
     numScaleupRanks: number; numScaleoutRanks: number; scaleupRankIdx: number; scaleoutRankIdx: number;

@@ -52,4 +52,9 @@ export const config = {
    * kernel (native/src/backends/cuda/launch.hpp: ~1.5 µs less CPU per launch on the one-H200 machine); read at each createGroup.
    */
   get graphLaunch(): boolean { return env.RANKFLOW_GRAPH_LAUNCH !== '0'; },
+  /**
+   * RANKFLOW_FUSED_DISPATCH=0: run a cuda dispatch without a CPU sync as its two kernels (notify, then data) instead of as
+   * one (rf_dispatch_fused, kernels/dispatch.cu); read at each createGroup.
+   */
+  get fusedDispatch(): boolean { return env.RANKFLOW_FUSED_DISPATCH !== '0'; },
 } as const;

@@ -342,3 +342,75 @@ for (const layout of layouts([2, 4])) {
     });
   });
 }
+
+// Without a CPU sync a dispatch is one kernel (rf_dispatch_fused, kernels/dispatch.cu): the notify's
+// routing and counts, then each block copies the tokens it routed while block 0 finishes the state.
+// Its outputs and the combine through its handle equal the host group's, at one block and many, with
+// grids that leave blocks without tokens, fp8 with scales, and all tokens to one expert; with
+// RANKFLOW_FUSED_DISPATCH=0 the same op runs as its two kernels and gives the same bytes.
+const FUSED_BUFFER = { ...MOE_BUFFER, maxTokensPerRank: 3000 };
+const FUSED_CASES = {
+  2: [{ tokens: [3000, 1777] }, { tokens: [100, 77], numSms: 1 }, { tokens: [3000, 129], fp8: true, numSms: 7 }, { tokens: [100, 77], routing: 'one' }],
+  4: [{ tokens: [3000, 1777, 0, 1025] }, { tokens: [100, 77, 0, 128], numSms: 1 }, { tokens: [1025, 3, 2999, 64], fp8: true, numSms: 7 }, { tokens: [0, 0, 0, 5] }],
+};
+
+for (const layout of layouts([2, 4])) {
+  const W = layout.ranks;
+  const program = new URL('./programs/moe-fused.mjs', import.meta.url);
+
+  describe(`a dispatch without a CPU sync runs as one kernel and equals the host executor: ${layout.name}`, () => {
+    let fused;
+    let split;
+    let host;
+    before(async () => {
+      fused = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: FUSED_BUFFER });
+      const saved = process.env.RANKFLOW_FUSED_DISPATCH;
+      process.env.RANKFLOW_FUSED_DISPATCH = '0';
+      try {
+        split = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: FUSED_BUFFER });
+      } finally {
+        if (saved === undefined) delete process.env.RANKFLOW_FUSED_DISPATCH;
+        else process.env.RANKFLOW_FUSED_DISPATCH = saved;
+      }
+      host = await createGroup({ backend: 'host', ranks: W, buffer: FUSED_BUFFER });
+    });
+    after(async () => {
+      await fused?.destroy();
+      await split?.destroy();
+      await host?.destroy();
+    });
+
+    FUSED_CASES[W].forEach((k, i) => {
+      const seed = 41 + i;
+      const what = `${k.tokens.join('/')} tokens${k.fp8 ? ', fp8 + scales' : ''}${k.numSms ? `, numSms ${k.numSms}` : ''}${k.routing ? `, routing ${k.routing}` : ''}`;
+      test(what, async () => {
+        const ins = inputs(seed, k.tokens, { fp8: k.fp8, routing: k.routing });
+        const h = await host.dispatch(ins);
+        const hc = await host.combine(h.map((d, r) => {
+          const R = d.x.shape[0], T = k.tokens[r], ci = combineInput(seed, r, R);
+          return { x: tensor('bf16', [R, hidden], ci.x), handle: d.handle, topkWeights: ci.w, bias: [tensor('bf16', [T, hidden], biasInput(seed, r, T))] };
+        }));
+        const args = { seed, tokens: k.tokens, recv: h.map((d) => d.x.shape[0]), rows: W * FUSED_BUFFER.maxTokensPerRank, numSms: k.numSms, fp8: k.fp8, routing: k.routing };
+        // An op of no tokens on every rank first (fused as well): the count below is of this case's dispatch.
+        const was = (await fused.run(program, { ...args, tokens: k.tokens.map(() => 0), recv: k.tokens.map(() => 0) })).map((o) => o.fusedDispatches);
+        const got = await fused.run(program, args);
+        const ref = await split.run(program, args);
+        got.forEach((o, r) => {
+          const w = h[r], at = `${what}, rank ${r}`;
+          assert.equal(o.numRecv, null);
+          same(o.x, w.x.data, `${at}: x`);
+          if (k.fp8) same(o.scales, w.scales.data, `${at}: scales`);
+          same(o.topkIdx, w.topkIdx, `${at}: topkIdx`);
+          same(o.topkWeights, w.topkWeights, `${at}: topkWeights`);
+          same(o.srcRank, w.srcRank, `${at}: srcRank`);
+          same(o.srcToken, w.srcToken, `${at}: srcToken`);
+          same(o.combineX, hc[r].x.data, `${at}: combine x`);
+          same(o.combineW, hc[r].topkWeights, `${at}: combine weights`);
+          assert.equal(o.fusedDispatches, was[r] + 1, `${at}: one fused dispatch`);
+          for (const f of ['x', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken', 'combineX', 'combineW']) same(ref[r][f], o[f], `${at}: ${f}, two kernels`);
+          assert.equal(ref[r].fusedDispatches, 0, `${at}: RANKFLOW_FUSED_DISPATCH=0 runs two kernels`);
+        });
+      });
+    });
+  });
+}

@@ -22,6 +22,7 @@ ContextConfig config_from(const Napi::Object& o) {
   c.nccl = bool_prop(o, "nccl", true);
   c.cooperative = bool_prop(o, "cooperative", true);
   c.graph_launch = bool_prop(o, "graphLaunch", true);
+  c.fused_dispatch = bool_prop(o, "fusedDispatch", true);
   c.world_size = int(int_prop(o, "worldSize", 1, 1, kMaxRanks));
   c.rank = int(int_prop(o, "rank", 0, 0, c.world_size - 1));
   c.ranks_per_node = int(int_prop(o, "ranksPerNode", 0, 0, kMaxRanks));
@@ -248,6 +249,7 @@ Napi::Value ContextWrap::Info(const Napi::CallbackInfo& info) {
     g.Set("smShare", b.sm_share);
     g.Set("graphLaunches", double(b.graph_launches));
     g.Set("directLaunches", double(b.direct_launches));
+    g.Set("fusedDispatches", double(b.fused_dispatches));
     o.Set("device", g);
   }
   Napi::Object d = Napi::Object::New(env);

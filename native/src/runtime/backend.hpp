@@ -113,6 +113,7 @@ struct BackendInfo {
   int sm_share = 0;
   uint64_t graph_launches = 0;    // cuda: kernel launches through the kept graphs (launch.hpp), and the others
   uint64_t direct_launches = 0;
+  uint64_t fused_dispatches = 0;  // cuda: dispatches without a CPU sync that ran as one kernel (rf_dispatch_fused)
 };
 
 class Backend {

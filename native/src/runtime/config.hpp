@@ -19,6 +19,7 @@ struct ContextConfig {
   bool nccl = true;         // cuda: make an NCCL communicator (off where ranks share a GPU: NCCL refuses it)
   bool cooperative = true;  // cuda: launch the kernels whose blocks wait on each other cooperatively
   bool graph_launch = true; // cuda: launch each kernel as the one node of a graph kept per kernel (launch.hpp)
+  bool fused_dispatch = true; // cuda: a dispatch without a CPU sync is one kernel, notify and data (rf_dispatch_fused)
   int rank = 0;
   int world_size = 1;
   int ranks_per_node = 0;   // physical NVLink (scale-up) domain size; 0 = the whole world

@@ -94,6 +94,12 @@ void CudaBackend::create() {
   state_layout_ = kargs::MoeStateLayout::make(world(), ep.max_tokens_per_rank, ep.topk, c_.experts_per_rank());
   topk_bytes_ = align_up(std::max<int64_t>(1, ep.max_tokens_per_rank * ep.topk * 4), kRegionAlignment);
   notify_scratch_ = kargs::NotifyScratch::make(launch_->notify_blocks(ep.max_tokens_per_rank), world(), int32_t(ep.num_experts));
+  if (fuses()) {  // the fused dispatch's rows and flags (one for the context: its kernels run in turn), zeroed
+    fused_blocks_ = launch_->fused_blocks();
+    const int64_t bytes = kargs::FusedScratch::make(fused_blocks_, world(), int32_t(ep.num_experts)).bytes;
+    fused_scratch_ = pool_.alloc(bytes, "the fused dispatch's scratch");
+    RF_CU(cuMemsetD8Async, fused_scratch_, 0, size_t(bytes), stream_);
+  }
   RF_CU(cuStreamSynchronize, stream_);
 }
 
@@ -178,6 +184,7 @@ BackendInfo CudaBackend::info() const {
   i.sms = launch_ ? launch_->sm_count() : 0;
   i.sm_share = launch_ ? std::max(1, launch_->sm_count() / launch_->share()) : 0;
   if (launch_) i.graph_launches = launch_->graph_launches(), i.direct_launches = launch_->direct_launches();
+  i.fused_dispatches = fused_dispatches_;
   return i;
 }
 
@@ -253,7 +260,7 @@ void CudaBackend::destroy() noexcept {
   busy_stream_ = nullptr;
   op_start_ = op_end_ = pinned_done_[0] = pinned_done_[1] = nullptr;
   stream_ = nullptr;
-  scratch_ = segments_ = stage_ = 0;
+  scratch_ = segments_ = stage_ = fused_scratch_ = 0;
   registered_ = nullptr;
   stage_bytes_ = 0;
   host_.destroy();

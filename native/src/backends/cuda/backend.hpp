@@ -62,6 +62,10 @@ struct CudaLayout final : LayoutState {
   CUdeviceptr idx = 0, weights = 0;  // inside routing: [maxT * K] int32, [maxT * K] fp32
   bool cached = false;               // made from a handle: the data kernel announces `enter` itself
   bool mirrored = false;             // its notify mirrored the counts into mapped host memory
+  // A dispatch without a CPU sync: its notify's arguments, launched with the data phase as one kernel
+  // (rf_dispatch_fused) by dispatch_data, which comes next in the same call.
+  bool fused = false;
+  kargs::NotifyArgs notify;
   // Two levels (two_level_moe.cc): no device routing; the host's plan, my receive order and its
   // weights (for combine), and the device memory the op's transfers use until its stream ran.
   std::shared_ptr<TwoLevelRouting> two;
@@ -281,6 +285,11 @@ class CudaBackend final : public Backend {
   int64_t topk_bytes_ = 0;
   kargs::MoeStateLayout state_layout_;
   kargs::NotifyScratch notify_scratch_;  // after the topk copies in each routing block
+  uint64_t fused_dispatches_ = 0;
+  CUdeviceptr fused_scratch_ = 0;  // kargs::FusedScratch of fused_blocks_ rows
+  int fused_blocks_ = 0;
+  // Dispatches without a CPU sync run as one kernel (ContextConfig.fused_dispatch; one node only).
+  bool fuses() const { return c_.cfg.fused_dispatch && !two_level(); }
   // graphs
   struct Graph {
     CUgraph graph = nullptr;

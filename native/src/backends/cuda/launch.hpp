@@ -59,6 +59,11 @@ class Launcher {
   int notify_blocks(int64_t tokens) const;
   void dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const;
   void dispatch_data(CUstream s, const kargs::DispatchArgs& a, int num_sms) const;
+  // A dispatch without a CPU sync as one kernel (rf_dispatch_fused): the notify's checks and the data
+  // kernel's, a grid of num_sms blocks (0 = the rank's share of the SMs) that fits a.notify's fused
+  // scratch. fused_blocks(): the most blocks that grid takes (the scratch's rows).
+  void dispatch_fused(CUstream s, const kargs::FusedDispatchArgs& a, int num_sms) const;
+  int fused_blocks() const;
   // send_blocks < 0: a third of the grid sends, the rest reduces (split mode; 0 = not split).
   void combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_blocks = -1) const;
   void signal(CUstream s, const kargs::SignalArgs& a) const;
@@ -78,6 +83,11 @@ class Launcher {
   void launch(CUfunction f, const char* what, int grid, int block, int smem, CUstream s, const Args& args,
               bool cooperative) const;
   int occupancy(CUfunction f, int threads, int smem) const;
+  void check_notify(const kargs::NotifyArgs& a) const;
+  void check_data(const kargs::DispatchArgs& a) const;
+  // rf_dispatch_notify's (fused: rf_dispatch_fused's) dynamic shared memory for `blocks` blocks, after
+  // checking that it fits.
+  int64_t notify_smem(const kargs::NotifyArgs& a, int blocks, bool fused) const;
   // The kept graph of one kernel, launch attribute and stream.
   struct Kept {
     CUgraph graph = nullptr;

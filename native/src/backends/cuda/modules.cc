@@ -22,7 +22,9 @@ Modules::Modules() {
     k_.barrier = entry(load("barrier"), "barrier", "rf_barrier");
     k_.all_gather = entry(load("all_gather"), "all_gather", "rf_all_gather");
     k_.notify = entry(load("notify"), "notify", "rf_dispatch_notify");
-    k_.dispatch_data = entry(load("dispatch"), "dispatch", "rf_dispatch_data");
+    const CUmodule dispatch = load("dispatch");
+    k_.dispatch_data = entry(dispatch, "dispatch", "rf_dispatch_data");
+    k_.dispatch_fused = entry(dispatch, "dispatch", "rf_dispatch_fused");
     k_.combine = entry(load("combine"), "combine", "rf_combine");
     const CUmodule session = load("session");
     k_.signal = entry(session, "session", "rf_signal");

@@ -5,6 +5,8 @@
 //   counts  the CPU-sync wait: a spin on that mirror (cpuSeconds -> TIMEOUT_CPU naming the rank and
 //           counter; an abort -> RANK_FAILED once the kernels let go)
 //   data    rf_dispatch_data (with a handle's routing: the kernel announces `enter` itself)
+// Without a CPU sync (device inputs, outputs in the buffer) notify and data are one kernel,
+// rf_dispatch_fused, launched by dispatch_data (RANKFLOW_FUSED_DISPATCH=0: the two kernels).
 // Each layout owns its receive state; its routing (and the topk it was made from) is shared with the
 // cached dispatches that replay it. Driver mode stages host tensors in device memory and copies the
 // results back; rank programs pass device addresses and nothing waits at the end.
@@ -94,7 +96,17 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
       a.scratch = reinterpret_cast<uint8_t*>(st->weights + CUdeviceptr(topk_bytes_));
       a.scratch_blocks = notify_scratch_.blocks;
     }
-    launch_->dispatch_notify(stream_, a);
+    // Without a CPU sync nothing comes between the notify and the data phase: with device inputs both
+    // run as one kernel, launched by dispatch_data (the copies start as soon as the offsets are known,
+    // instead of after the notify kernel's end).
+    if (fuses() && !in.cpu_sync && in.x.device && (tk == 0 || (in.topk_idx.device && in.topk_weights.device))) {
+      a.fused_scratch = reinterpret_cast<uint8_t*>(fused_scratch_);
+      a.fused_blocks = fused_blocks_;
+      st->fused = true;
+      st->notify = a;
+    } else {
+      launch_->dispatch_notify(stream_, a);
+    }
   });
   l.state = std::move(st);
 }
@@ -209,8 +221,11 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
   const int64_t T = l.num_tokens, K = ep.topk, row = ep.hidden * in.x_elem_bytes, S = c_.buf.scales_per_token;
   const bool with_scales = bool(in.scales);
   kargs::DispatchIn din;
-  din.topk_idx = reinterpret_cast<const int32_t*>(st.idx);
-  din.topk_weights = reinterpret_cast<const float*>(st.weights);
+  // Fused with its notify, the data phase reads the inputs' topk: the routing's copies are being
+  // written by the other blocks of the same kernel.
+  const bool fuse = st.fused && out.in_buffer && in.x.device;
+  din.topk_idx = fuse ? st.notify.topk_idx : reinterpret_cast<const int32_t*>(st.idx);
+  din.topk_weights = fuse ? st.notify.topk_weights : reinterpret_cast<const float*>(st.weights);
   din.num_tokens = T;
   din.x_elem_bytes = int32_t(in.x_elem_bytes);
   kargs::DispatchOut dout;
@@ -244,7 +259,17 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     a.out = dout;
     a.fingerprint = l.fingerprint;
     a.announce = st.cached ? 1 : 0;
-    launch_->dispatch_data(stream_, a, in.num_sms);
+    if (fuse) {
+      kargs::FusedDispatchArgs f;
+      f.notify = st.notify;
+      f.data = a;
+      launch_->dispatch_fused(stream_, f, in.num_sms);
+      ++fused_dispatches_;
+    } else {
+      if (st.fused) launch_->dispatch_notify(stream_, st.notify);  // not fusable after all: in order
+      launch_->dispatch_data(stream_, a, in.num_sms);
+    }
+    st.fused = false;
     time_end();
   });
   keep_for_graph(st);
