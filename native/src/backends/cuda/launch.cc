@@ -96,7 +96,7 @@ void Launcher::prepare(CUstream s) {
   keep<kargs::DispatchArgs>(k_.dispatch_data, kDataThreads, c);
   // No graph for rf_dispatch_fused: with one kept for it as well, captured graphs of cached dispatches
   // replayed by 2 ranks sharing GPU 0 timed out in 2 of 3 fresh groups (a rank's data kernel never
-  // ended; 0 of 3 without it, at HEAD's kernels or these). The cause was not established, as for the
+  // ended; 0 of 3 without it, with 441a5fd's addon or this one). The cause was not established, as for the
   // graphs made at first launch above; the fused kernel launches with cuLaunchKernelEx.
   keep<kargs::CombineArgs>(k_.combine, kDataThreads, c);
   keep<kargs::ReduceArgs>(k_.reduce, 256, false);
