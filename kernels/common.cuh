@@ -183,12 +183,12 @@ __device__ __forceinline__ void load_peers(uint64_t* peers, const RankArgs& a) {
 // block, not per thread: system-scope fences serialise across the GPU (a fence in each of 132 x 512
 // threads cost ~600 us per dispatch on an H200). The count is left at zero for the next launch on
 // the stream. Every thread of a block gets the same answer.
-__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals, unsigned int blocks) {
+__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) {
   __syncthreads();
   __shared__ bool last;
   if (threadIdx.x == 0) {
     __threadfence_system();
-    last = atomicAdd(arrivals, 1u) == blocks - 1;
+    last = atomicAdd(arrivals, 1u) == gridDim.x - 1;
   }
   __syncthreads();
   if (!last) return false;
@@ -196,7 +196,6 @@ __device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals, unsig
   if (threadIdx.x == 0) *arrivals = 0;
   return true;
 }
-__device__ __forceinline__ bool last_block_arrived(unsigned int* arrivals) { return last_block_arrived(arrivals, gridDim.x); }
 
 // A barrier of the whole grid, whose blocks must be resident at once (a cooperative launch, or a grid
 // of Launcher::grid_for's size): it returns in every block once every block has called it, with what

@@ -29,13 +29,11 @@ constexpr int kUnroll = 8;  // 16-byte loads in flight per lane before the store
 
 // The tokens [t_lo, t_hi) a set of `warps` warps copies (this thread's warp is `first_warp` of them):
 // the whole grid's in rf_dispatch_data, the block's own in rf_dispatch_fused. `blocks` of the grid
-// take part (the fused dispatch's block 0 copies nothing and does not wait for the end), and the
-// `lead` one writes what one block writes for all.
+// copy (the fused dispatch's block 0 copies nothing); the first of them (block 0) writes what one
+// block writes for all. Every block of the grid arrives in the end count.
 struct DataPart {
   int64_t t_lo, t_hi, first_warp, warps;
-  unsigned int blocks, block;  // the blocks taking part, and this one's index among them
-  unsigned int arrivals;       // the arrivals that end the copies (fused: block 0's too)
-  bool lead;
+  unsigned int blocks, block;  // the blocks that copy, and this one's index among them
 };
 
 // The data kernel's steps as a block runs them. own_from_counts: my own rows' first row in my buffer is
@@ -59,7 +57,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
   const uint64_t seq = op_seq(a);
-  const bool lead = part.lead;
+  const bool lead = part.block == 0;
   const uint64_t* peers = known_peers != nullptr ? known_peers : own_peers;
   if (known_peers == nullptr && tid < W) own_peers[tid] = a.peers[tid];
   if (tid == 0) refused_bits = 0, own_first = 0;
@@ -197,7 +195,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
       atomicAdd(&received, int(n));
   }
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
-  if (last_block_arrived(arrivals, part.arrivals) && tid < W && !gave_up(a.arrivals))
+  if (last_block_arrived(arrivals) && tid < W && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   ok = true;
   if (tid < W) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
@@ -248,7 +246,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
 extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const DispatchArgs args) {
   const int64_t wpb = blockDim.x / kWarpSize;
   const DataPart all{0, args.in.num_tokens, int64_t(blockIdx.x) * wpb + threadIdx.x / kWarpSize, int64_t(gridDim.x) * wpb,
-                     gridDim.x, blockIdx.x, gridDim.x, blockIdx.x == 0};
+                     gridDim.x, blockIdx.x};
   data_phase(args, all, /*own_from_counts=*/false, args.r.arrivals, true);
 }
 
@@ -261,9 +259,9 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_fused(const FusedD
   const uint64_t* peers = nullptr;
   const bool alone = gridDim.x == 1;
   unsigned int* end = args.data.r.arrivals + 2;
-  const bool ok = notify_phase(args.notify, /*fused=*/true, &t_lo, &t_hi, &peers, alone ? nullptr : end, gridDim.x);
+  const bool ok = notify_phase(args.notify, /*fused=*/true, &t_lo, &t_hi, &peers, alone ? nullptr : end);
   if (!alone && blockIdx.x == 0) return;
   const DataPart mine{t_lo, t_hi, threadIdx.x / kWarpSize, blockDim.x / kWarpSize, alone ? 1u : gridDim.x - 1,
-                      alone ? 0u : blockIdx.x - 1, gridDim.x, blockIdx.x == (alone ? 0u : 1u)};
+                      alone ? 0u : blockIdx.x - 1};
   data_phase(args.data, mine, /*own_from_counts=*/true, end, ok, peers);
 }

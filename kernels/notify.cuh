@@ -49,12 +49,11 @@ __device__ __forceinline__ void copy_weights(const NotifyArgs& args, int blk, in
 // Dynamic shared memory: a uint64 mask per token of the block's run, num_experts ints, num_experts bytes.
 // *peers_out: the peers' window bases as this block loaded them into shared memory (the fused
 // dispatch's data part reads them from there instead of loading them again). arrive (fused, several
-// blocks): the word the copies' end counts on, arrive_blocks arrivals in all; block 0 arrives there
+// blocks): the word the copies' end counts on (an arrival of every block of the grid); block 0 arrives there
 // once it has read every peer's counts (after my `done`, a peer may reuse those slots for its next
 // op), before it writes the state.
 __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused, int* t_lo, int* t_hi,
-                                             const uint64_t** peers_out = nullptr, unsigned int* arrive = nullptr,
-                                             unsigned int arrive_blocks = 0) {
+                                             const uint64_t** peers_out = nullptr, unsigned int* arrive = nullptr) {
   extern __shared__ uint64_t smem[];
   __shared__ uint64_t peers[kMaxRanks];
   __shared__ int warp_cnt[kNotifyWarps][kMaxRanks];  // per warp and destination: its tokens, then the earlier warps'
@@ -316,7 +315,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
     }
   }
   ok = __syncthreads_and(ok && !gave_up(a.arrivals));
-  if (arrive != nullptr && last_block_arrived(arrive, arrive_blocks) && tid < W && !gave_up(a.arrivals))
+  if (arrive != nullptr && last_block_arrived(arrive) && tid < W && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   for (int p = tid; p <= W; p += nt) st.recv_offset[p] = ok ? recv_off[p] : 0;
   for (int p = tid; p < W; p += nt) st.recv_count[p] = ok ? recv_cnt[p] : 0;

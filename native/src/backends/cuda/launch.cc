@@ -23,6 +23,12 @@ constexpr int64_t kMaxNotifySmem = 200 * 1024;  // dynamic shared memory a notif
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
+// A notify block's dynamic shared memory (rf_dispatch_notify's, fused: rf_dispatch_fused's) in a grid
+// of `blocks`: a routing mask per token of its run, then a count and the owning rank per expert.
+int64_t notify_smem_bytes(const kargs::NotifyArgs& a, int blocks, bool fused) {
+  return kargs::notify_route_tokens(a.num_tokens, blocks, fused) * 8 + int64_t(a.m.num_experts) * 5;
+}
+
 void check_rank(const kargs::RankArgs& a, const char* op) {
   RF_CUDA_REQUIRE(a.peers != nullptr, std::string(op) + ": no peer table.");
   RF_CUDA_REQUIRE(a.world >= 1 && a.world <= kMaxRanks && a.rank >= 0 && a.rank < a.world && a.ws.world_size == a.world,
@@ -226,16 +232,21 @@ void Launcher::check_data(const kargs::DispatchArgs& a) const {
   RF_CUDA_REQUIRE(!any || all, "dispatch: give every output (scales only with scales in) or none (outputs stay in the buffer).");
 }
 
-// Shared memory per block: a routing mask per token of its run, then a count and the owning rank per
-// expert.
-int64_t Launcher::notify_smem(const kargs::NotifyArgs& a, int blocks, bool fused) const {
-  const int64_t T = a.num_tokens, E = a.m.num_experts, run = kargs::notify_route_tokens(T, blocks, fused);
-  const int64_t smem = run * 8 + E * 5;
+int64_t Launcher::fit_notify(CUfunction f, int threads, const kargs::NotifyArgs& a, bool fused, int* blocks) const {
+  while (*blocks > 1) {
+    const int fit = grid_for(f, threads, int(std::min(notify_smem_bytes(a, *blocks, fused), kMaxNotifySmem)), *blocks);
+    if (fit == *blocks) break;
+    *blocks = fit;
+  }
+  const int64_t T = a.num_tokens, E = a.m.num_experts, run = kargs::notify_route_tokens(T, *blocks, fused);
+  const int64_t smem = notify_smem_bytes(a, *blocks, fused);
   RF_CUDA_REQUIRE(smem <= kMaxNotifySmem, "dispatch notify: " + std::to_string(T) + " tokens (" + std::to_string(run) +
-                                              " in each of " + std::to_string(blocks) + " blocks) and " + std::to_string(E) +
+                                              " in each of " + std::to_string(*blocks) + " blocks) and " + std::to_string(E) +
                                               " experts (numExperts) need more shared memory than a block has (8 bytes per "
                                               "token, 5 per expert, 200 KiB); use fewer tokens per dispatch "
                                               "(buffer.maxTokensPerRank) or fewer experts.");
+  if (smem > 48 * 1024)
+    RF_CU_FOR("dispatch notify shared memory", cuFuncSetAttribute, f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, int(smem));
   return smem;
 }
 
@@ -243,18 +254,8 @@ void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
   check_notify(a);
   // The blocks meet at a grid-wide barrier: no more than can be resident at once, nor than the
   // layout's scratch has rows for.
-  const int64_t T = a.num_tokens, E = a.m.num_experts;
-  auto smem_for = [&](int blocks) { return kargs::notify_block_tokens(T, blocks) * 8 + E * 5; };
-  int blocks = a.scratch != nullptr ? int(std::min<int64_t>(notify_blocks(T), a.scratch_blocks)) : 1;
-  while (blocks > 1) {
-    const int fit = grid_for(k_.notify, kNotifyThreads, int(std::min(smem_for(blocks), kMaxNotifySmem)), blocks);
-    if (fit == blocks) break;
-    blocks = fit;
-  }
-  const int64_t smem = notify_smem(a, blocks, false);
-  if (smem > 48 * 1024)
-    RF_CU_FOR("dispatch notify shared memory", cuFuncSetAttribute, k_.notify, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-              int(smem));
+  int blocks = a.scratch != nullptr ? int(std::min<int64_t>(notify_blocks(a.num_tokens), a.scratch_blocks)) : 1;
+  const int64_t smem = fit_notify(k_.notify, kNotifyThreads, a, false, &blocks);
   launch(k_.notify, "dispatch notify", blocks, kNotifyThreads, int(smem), s, a, blocks > 1);
 }
 
@@ -278,17 +279,7 @@ void Launcher::dispatch_fused(CUstream s, const kargs::FusedDispatchArgs& a, int
   int blocks = a.notify.fused_scratch != nullptr
                    ? std::min(grid_for(k_.dispatch_fused, kDataThreads, 0, num_sms), int(a.notify.fused_blocks))
                    : 1;
-  while (blocks > 1) {
-    const int64_t want = std::min(kargs::notify_route_tokens(a.notify.num_tokens, blocks, true) * 8 +
-                                      int64_t(a.notify.m.num_experts) * 5, kMaxNotifySmem);
-    const int fit = grid_for(k_.dispatch_fused, kDataThreads, int(want), blocks);
-    if (fit == blocks) break;
-    blocks = fit;
-  }
-  const int64_t smem = notify_smem(a.notify, blocks, true);
-  if (smem > 48 * 1024)
-    RF_CU_FOR("dispatch shared memory", cuFuncSetAttribute, k_.dispatch_fused, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-              int(smem));
+  const int64_t smem = fit_notify(k_.dispatch_fused, kDataThreads, a.notify, true, &blocks);
   launch(k_.dispatch_fused, "dispatch", blocks, kDataThreads, int(smem), s, a, true);
 }
 

@@ -85,9 +85,10 @@ class Launcher {
   int occupancy(CUfunction f, int threads, int smem) const;
   void check_notify(const kargs::NotifyArgs& a) const;
   void check_data(const kargs::DispatchArgs& a) const;
-  // rf_dispatch_notify's (fused: rf_dispatch_fused's) dynamic shared memory for `blocks` blocks, after
-  // checking that it fits.
-  int64_t notify_smem(const kargs::NotifyArgs& a, int blocks, bool fused) const;
+  // The grid of kernel f (rf_dispatch_notify, or fused rf_dispatch_fused) that runs a's notify steps:
+  // *blocks cut to what can be resident with its dynamic shared memory, which is checked against a
+  // block's limit (the message names the tokens and experts) and allowed above 48 KiB. Returns its bytes.
+  int64_t fit_notify(CUfunction f, int threads, const kargs::NotifyArgs& a, bool fused, int* blocks) const;
   // The kept graph of one kernel, launch attribute and stream.
   struct Kept {
     CUgraph graph = nullptr;
