@@ -282,18 +282,18 @@ struct DispatchArgs {
 };
 
 // What the routing blocks of rf_dispatch_fused tell each other, in device memory kept by the context
-// (a rank's kernels run one after another): per block a flag (the op's sequence number once its row
-// is there), its tokens per destination rank and its first bad id, and a second flag once its expert
-// counts are in the grid's totals (added up by the routing blocks, taken back to zero by block 0).
+// (a rank's kernels run one after another): per block and destination rank its tokens, as one word
+// that carries the op too (fused_count_word: a reader needs no flag, and the writer no fence); per
+// block its first bad id and a flag once that and its expert counts are in the grid's totals (added
+// up by the routing blocks, taken back to zero by block 0).
 struct FusedScratch {
-  int64_t flag = 0, send_count = 0, bad = 0, expert_flag = 0, expert_total = 0, bytes = 0;
+  int64_t send_count = 0, bad = 0, expert_flag = 0, expert_total = 0, bytes = 0;
 
   RF_HD static FusedScratch make(int64_t blocks, int32_t world, int32_t num_experts) {
     FusedScratch l;
     const int64_t a = kRegionAlignment;
     int64_t off = 0;
-    l.flag = off;         off = align_up(off + blocks * 8, a);
-    l.send_count = off;   off = align_up(off + blocks * world * 4, a);
+    l.send_count = off;   off = align_up(off + blocks * world * 8, a);
     l.bad = off;          off = align_up(off + blocks * 8, a);
     l.expert_flag = off;  off = align_up(off + blocks * 8, a);
     l.expert_total = off; off = align_up(off + (num_experts > 0 ? num_experts : 1) * 4, a);
@@ -302,6 +302,16 @@ struct FusedScratch {
   }
 };
 
+// A FusedScratch send_count word: the op's sequence number's low 32 bits over the count plus one (a
+// zeroed word is no op's, whatever the sequence number).
+RF_HD uint64_t fused_count_word(uint64_t seq, int32_t count) {
+  return (uint64_t(uint32_t(seq)) << 32) | uint64_t(uint32_t(count) + 1u);
+}
+RF_HD bool fused_count_is(uint64_t word, uint64_t seq) {
+  return (word >> 32) == uint64_t(uint32_t(seq)) && uint32_t(word) != 0u;
+}
+RF_HD int32_t fused_count_of(uint64_t word) { return int32_t(uint32_t(word) - 1u); }
+
 // rf_dispatch_fused: a dispatch without a CPU sync in one kernel, the notify's steps (notify.cuh)
 // and then the data kernel's, each block copying the tokens it routed. `data` is as for
 // rf_dispatch_data (announce 0: the notify part sends `enter`), its topk the inputs' (the routing's
@@ -309,6 +319,9 @@ struct FusedScratch {
 struct FusedDispatchArgs {
   NotifyArgs notify;
   DispatchArgs data;
+  // Rows of x each routing block asks L2 for once its topk is loaded, while its first slots wait for
+  // the earlier blocks' counts (0: none).
+  int32_t prefetch_rows = 0, pad = 0;
 };
 
 // rf_combine: send_blocks > 0 splits the grid into senders and reducers (per-row flags).

@@ -28,9 +28,12 @@ __device__ __forceinline__ uint64_t ld_relaxed_sys(const uint64_t* p) {
 __device__ __forceinline__ void st_release_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
-// Between the blocks of one grid (the fused dispatch's routing flags): GPU scope is enough.
+// Between the blocks of one grid (the fused dispatch's counts and flags): GPU scope is enough.
 __device__ __forceinline__ void st_release_gpu(uint64_t* p, uint64_t v) {
   asm volatile("st.release.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ void st_relaxed_gpu(uint64_t* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ void st_relaxed_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
@@ -119,10 +122,13 @@ __device__ __forceinline__ void mark_gave_up(const RankArgs& a) {
 
 // Spins until `done(value)` holds for the word at `p` (acquire); true then. false when it gave up:
 // the CPU raised abort, another wait of this rank gave up, or this one timed out (it records the
-// Diagnostic). Never traps: the kernel finishes, the host reads the Control block.
-template <typename Done>
-__device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const RankArgs& a, Phase phase, int peer) {
-  uint64_t v = ld_acquire_sys(p);
+// Diagnostic). Never traps: the kernel finishes, the host reads the Control block. Acquire false: the
+// word is all the waiter reads (the fused dispatch's counts), no acquire; *seen: the word that did it.
+template <bool Acquire = true, typename Done>
+__device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const RankArgs& a, Phase phase, int peer,
+                                           uint64_t* seen = nullptr) {
+  uint64_t v = Acquire ? ld_acquire_sys(p) : ld_relaxed_sys(p);
+  if (seen != nullptr) *seen = v;
   if (done(v)) return true;
   // Polls are relaxed loads (an acquire on every poll of hundreds of spinning warps loads the memory
   // system that the peers' stores need); the acquire comes once the value is there. The give-up
@@ -132,7 +138,8 @@ __device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const R
   while (true) {
     v = ld_relaxed_sys(p);
     if (done(v)) {
-      fence_acquire_sys();
+      if (seen != nullptr) *seen = v;
+      if (Acquire) fence_acquire_sys();
       return true;
     }
     const uint64_t now = globaltimer_ns();
@@ -281,6 +288,21 @@ __device__ __forceinline__ int4 ld_nc_v4(const void* p) {
                : "l"(p));
   return v;
 }
+// Asks L2 for rows [first, first + rows) of a row-major input (row_bytes a multiple of 16) without
+// waiting for them: a later load of those bytes finds them there. sm_90: one bulk prefetch per row
+// (the copy engine walks it); earlier GPUs: a prefetch per 128-byte line, spread over the block.
+__device__ __forceinline__ void prefetch_rows_l2(const char* x, int64_t first, int rows, int64_t row_bytes) {
+  const int tid = int(threadIdx.x), nt = int(blockDim.x);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int r = tid; r < rows; r += nt)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(x + (first + r) * row_bytes), "r"(unsigned(row_bytes)) : "memory");
+#else
+  const int64_t lines = (int64_t(rows) * row_bytes + 127) / 128;
+  const char* p = x + first * row_bytes;
+  for (int64_t l = tid; l < lines; l += nt) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + l * 128));
+#endif
+}
+
 // Data another agent wrote before a signal we acquired: a plain (coherent) load.
 __device__ __forceinline__ int4 ld_v4(const void* p) { return *static_cast<const int4*>(p); }
 __device__ __forceinline__ void st_v4(void* p, const int4& v) {

@@ -259,7 +259,12 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_fused(const FusedD
   const uint64_t* peers = nullptr;
   const bool alone = gridDim.x == 1;
   unsigned int* end = args.data.r.arrivals + 2;
-  const bool ok = notify_phase(args.notify, /*fused=*/true, &t_lo, &t_hi, &peers, alone ? nullptr : end);
+  // The first rows a block copies are asked of L2 once its topk is in, while it waits for its first
+  // slots: HBM would idle until the first block copies. (Asked at the block's start, they delayed the
+  // routing's own loads; one op back to back at 4096 tokens, 1 rank: 45.5 -> 43.6-43.9 µs.)
+  const RowPrefetch rows{static_cast<const char*>(args.data.in.x), int64_t(args.data.m.hidden) * args.data.in.x_elem_bytes,
+                         args.prefetch_rows};
+  const bool ok = notify_phase(args.notify, /*fused=*/true, &t_lo, &t_hi, &peers, alone ? nullptr : end, rows);
   if (!alone && blockIdx.x == 0) return;
   const DataPart mine{t_lo, t_hi, threadIdx.x / kWarpSize, blockDim.x / kWarpSize, alone ? 1u : gridDim.x - 1,
                       alone ? 0u : blockIdx.x - 1};

@@ -2,13 +2,15 @@
 // kernels take on the device, in one run. Per op: `call` = wall µs of one awaited call followed by a
 // stream sync (p50; what a step that needs the result pays), `loop` = wall µs per call of `iters` calls
 // back to back then one sync (throughput), `device` = median µs between the CUDA events the addon
-// records around the op's launches (rank.timeOps(true), in a pass of its own: call and loop run without them)
+// records around the op's launches (rank.timeOps(true), in a pass of its own: call and loop run without them),
+// and for the dispatches with outputs in the buffer `b2b` = device µs per op between two events around
+// `iters` ops back to back (rank.timeIt: torch's way in bench/index_select.py, launch latency hidden)
 // and a combine (device µs per replay from events around `iters` replays, host µs per replay() call),
 // and the 4096-token dispatch with outputs in the buffer.
 import type { RankProgramHandle } from '../../actors/index.js';
 
 export interface HotPathArgs { hidden: number; topk: number; experts: number; tokens: number[]; iters: number; warmup: number }
-export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; submit_p50_us?: number; loop_us?: number; device_us?: number; host_us?: number }
+export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; submit_p50_us?: number; loop_us?: number; device_us?: number; b2b_device_us?: number; host_us?: number }
 
 const p = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
 
@@ -55,11 +57,18 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
     rank.timeOps(false);
     return p(dev, 0.5);
   }
-  async function op(name: string, tokens: number, fn: () => Promise<unknown>) {
+  async function b2b(fn: () => Promise<unknown>): Promise<number> {
+    await rank.sync();
+    await rank.barrier();
+    const ms = await rank.timeIt(fn, a.iters);
+    await rank.sync();
+    return ms * 1e3;
+  }
+  async function op(name: string, tokens: number, fn: () => Promise<unknown>, backToBack = false) {
     const { us: calls, submit } = await timed(fn, () => rank.sync());
     out.push({
       op: name, tokens, call_p50_us: p(calls, 0.5), call_p99_us: p(calls, 0.99), submit_p50_us: p(submit, 0.5), loop_us: await loop(fn),
-      device_us: await device(fn),
+      device_us: await device(fn), ...(backToBack ? { b2b_device_us: await b2b(fn) } : {}),
     });
   }
 
@@ -89,9 +98,9 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
       d0 = await rank.dispatch({ x, topkIdx, topkWeights });
     };
     const cx = rank.tensor('bf16', [R, a.hidden]);
-    await op('dispatch (no CPU sync, outputs in buffer)', T, () => rank.dispatch({ x, topkIdx, topkWeights }, { outputsInBuffer: true }));
+    await op('dispatch (no CPU sync, outputs in buffer)', T, () => rank.dispatch({ x, topkIdx, topkWeights }, { outputsInBuffer: true }), true);
     await fresh();
-    await op('dispatch (cached, outputs in buffer)', T, () => rank.dispatch({ x, handle: d0.handle }, { outputsInBuffer: true }));
+    await op('dispatch (cached, outputs in buffer)', T, () => rank.dispatch({ x, handle: d0.handle }, { outputsInBuffer: true }), true);
     await op('dispatch (CPU sync, outputs allocated)', T, async () => (await rank.dispatch({ x, topkIdx, topkWeights })).free());
     await fresh();
     await op('combine', T, async () => {

@@ -340,6 +340,16 @@ for (const layout of layouts([2, 4])) {
       const ins = inputs(35, tokens);
       sameDispatch(await cuda.dispatch(ins), await host.dispatch(ins), 'multi-block, after the bad ids');
     });
+
+    test('the same bad ids in a dispatch without a CPU sync (one kernel): the first slot is reported at the next wait; the group goes on', async () => {
+      const res = await cuda.run(program('moe-bad-id.mjs'), { tokens, bad: [[23201, -7], [12002, 999]], noSync: true });
+      assert.ok(res.every((o) => o.fused === 1), `every rank's dispatch ran fused: ${JSON.stringify(res)}`);
+      assert.ok(/topkIdx\[12002\]: 999 is outside \[0, 256\)/.test(res[0].message ?? ''), JSON.stringify(res));
+      assert.equal(res[0].code, 'EINVAL', JSON.stringify(res));
+      await cuda.barrier();
+      const ins = inputs(36, tokens);
+      sameDispatch(await cuda.dispatch(ins), await host.dispatch(ins), 'fused, after the bad ids');
+    });
   });
 }
 

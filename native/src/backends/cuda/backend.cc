@@ -4,6 +4,7 @@
 // current when this object was built.
 #include "backend.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "driver.hpp"
@@ -96,6 +97,10 @@ void CudaBackend::create() {
   notify_scratch_ = kargs::NotifyScratch::make(launch_->notify_blocks(ep.max_tokens_per_rank), world(), int32_t(ep.num_experts));
   if (fuses()) {  // the fused dispatch's rows and flags (one for the context: its kernels run in turn), zeroed
     fused_blocks_ = launch_->fused_blocks();
+    // Rows asked of L2 ahead of the copies: under half of it (shared by the ranks on the GPU), so
+    // that they are still there when copied while the copies' stores pass through it (30-45%
+    // measured best on an H200 for 1 rank; 60-80% less).
+    launch_->set_fused_prefetch(dev_->l2_bytes() * 45 / 100 / std::max(1, c_.cfg.device_share));
     const int64_t bytes = kargs::FusedScratch::make(fused_blocks_, world(), int32_t(ep.num_experts)).bytes;
     fused_scratch_ = pool_.alloc(bytes, "the fused dispatch's scratch");
     RF_CU(cuMemsetD8Async, fused_scratch_, 0, size_t(bytes), stream_);

@@ -22,6 +22,7 @@ DeviceContext::DeviceContext(int ordinal) : ordinal_(ordinal) {
     return v;
   };
   sm_count_ = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+  l2_bytes_ = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE);
   cc_major_ = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
   cc_minor_ = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
   vmm_ = attr(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) != 0;

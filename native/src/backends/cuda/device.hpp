@@ -25,6 +25,7 @@ class DeviceContext {
   CUcontext context() const { return context_; }
   const std::string& name() const { return name_; }
   int sm_count() const { return sm_count_; }
+  int64_t l2_bytes() const { return l2_bytes_; }
   int compute_capability() const { return cc_major_ * 10 + cc_minor_; }
   // Host NUMA node closest to the GPU, for HOST_NUMA allocations; 0 where the system has no NUMA
   // (the driver answers -1, and cuMemCreate wants id 0 then).
@@ -37,6 +38,7 @@ class DeviceContext {
   CUcontext context_ = nullptr;
   std::string name_;
   int sm_count_ = 0, cc_major_ = 0, cc_minor_ = 0, numa_id_ = 0;
+  int64_t l2_bytes_ = 0;
   bool vmm_ = false, posix_fd_ = false;
 };
 

@@ -269,7 +269,7 @@ int Launcher::fused_blocks() const {
   return std::max(1, occupancy(k_.dispatch_fused, kDataThreads, 0) * sm_count_ / share_);
 }
 
-void Launcher::dispatch_fused(CUstream s, const kargs::FusedDispatchArgs& a, int num_sms) const {
+void Launcher::dispatch_fused(CUstream s, kargs::FusedDispatchArgs a, int num_sms) const {
   check_notify(a.notify);
   check_data(a.data);
   RF_CUDA_REQUIRE(a.data.announce == 0 && a.data.out.x == nullptr,
@@ -280,6 +280,9 @@ void Launcher::dispatch_fused(CUstream s, const kargs::FusedDispatchArgs& a, int
                    ? std::min(grid_for(k_.dispatch_fused, kDataThreads, 0, num_sms), int(a.notify.fused_blocks))
                    : 1;
   const int64_t smem = fit_notify(k_.dispatch_fused, kDataThreads, a.notify, true, &blocks);
+  const int64_t row = a.data.m.hidden * int64_t(a.data.in.x_elem_bytes), routing = blocks > 1 ? blocks - 1 : 1;
+  const int64_t run = kargs::notify_route_tokens(a.notify.num_tokens, blocks, true);
+  a.prefetch_rows = int32_t(row > 0 ? std::min<int64_t>(run, prefetch_bytes_ / (routing * row)) : 0);
   launch(k_.dispatch_fused, "dispatch", blocks, kDataThreads, int(smem), s, a, true);
 }
 

@@ -62,7 +62,10 @@ class Launcher {
   // A dispatch without a CPU sync as one kernel (rf_dispatch_fused): the notify's checks and the data
   // kernel's, a grid of num_sms blocks (0 = the rank's share of the SMs) that fits a.notify's fused
   // scratch. fused_blocks(): the most blocks that grid takes (the scratch's rows).
-  void dispatch_fused(CUstream s, const kargs::FusedDispatchArgs& a, int num_sms) const;
+  void dispatch_fused(CUstream s, kargs::FusedDispatchArgs a, int num_sms) const;
+  // The bytes of x the fused dispatch's routing blocks ask L2 for, together, before their copies
+  // (kargs::FusedDispatchArgs::prefetch_rows).
+  void set_fused_prefetch(int64_t bytes) { prefetch_bytes_ = bytes; }
   int fused_blocks() const;
   // send_blocks < 0: a third of the grid sends, the rest reduces (split mode; 0 = not split).
   void combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_blocks = -1) const;
@@ -104,6 +107,7 @@ class Launcher {
 
   KernelSet k_;
   int sm_count_, share_;
+  int64_t prefetch_bytes_ = 0;
   bool cooperative_, graphs_;
   bool capturing_ = false;
   mutable uint64_t graph_launches_ = 0, direct_launches_ = 0;

@@ -64,9 +64,11 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
     st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
     st->weights = st->idx + CUdeviceptr(topk_bytes_);
-    time_start();
     // The handle keeps the topk it was made from (a cached dispatch without weights replays them): the
     // notify kernel copies device tensors as it reads them; host tensors are staged into the copies.
+    // Fused (below), the op's first device work is dispatch_data's launch: the events go around that.
+    const bool fused = fuses() && !in.cpu_sync && in.x.device && (tk == 0 || (in.topk_idx.device && in.topk_weights.device));
+    if (!fused) time_start();
     kargs::NotifyArgs a;
     if (tk > 0) {
       if (in.topk_idx.device) {
@@ -99,7 +101,7 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     // Without a CPU sync nothing comes between the notify and the data phase: with device inputs both
     // run as one kernel, launched by dispatch_data (the copies start as soon as the offsets are known,
     // instead of after the notify kernel's end).
-    if (fuses() && !in.cpu_sync && in.x.device && (tk == 0 || (in.topk_idx.device && in.topk_weights.device))) {
+    if (fused) {
       a.fused_scratch = reinterpret_cast<uint8_t*>(fused_scratch_);
       a.fused_blocks = fused_blocks_;
       st->fused = true;
@@ -230,7 +232,7 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
   din.x_elem_bytes = int32_t(in.x_elem_bytes);
   kargs::DispatchOut dout;
   translating(rank(), [&] {
-    if (st.cached) time_start();  // a cached dispatch's first device work is here
+    if (st.cached || st.fused) time_start();  // a cached or fused dispatch's first device work is here
     if (!in.x.device) {
       // Driver mode: x, scales and new weights staged; the outputs stay in the buffer, copied out below.
       const int64_t xb = align_up(T * row, kRegionAlignment), sb = align_up(T * S * 4, kRegionAlignment);
