@@ -10,7 +10,9 @@ import { RankflowError } from '../actors/core/errors.js';
 import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 import { TransitionLog } from './transition-log.js';
 
-const now = (): number => performance.timeOrigin + performance.now();
+// The thread's time origin is fixed: read once (its getter costs a brand check per transition).
+const origin = performance.timeOrigin;
+const now = (): number => origin + performance.now();
 
 type Post = (m: WorkerMessage) => void;
 
