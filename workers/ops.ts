@@ -31,6 +31,8 @@ interface BufferViews {
 
 /** free() of outputs left in the buffer: nothing to free (one function for every such result; named free, as before). */
 const freeViews = { free: (): void => {} }.free;
+/** the options of a call that passes none (read only: one object for every such call) */
+const NO_OPTIONS: DeviceOptions = Object.freeze({});
 
 export class RankOps {
   /** handles this rank's dispatches returned (rank programs check theirs against it) */
@@ -180,7 +182,7 @@ export class RankOps {
     return this.views;
   }
   /** cuda rank programs: dispatch of device tensors. */
-  dispatchDevice(d: DeviceDispatchInput, opts: DeviceOptions = {}): DeviceDispatchResult {
+  dispatchDevice(d: DeviceDispatchInput, opts: DeviceOptions = NO_OPTIONS): DeviceDispatchResult {
     const inBuffer = opts.outputsInBuffer === true;
     const T = d.x.shape[0]!;
     const fp8 = d.x.dtype === 'fp8e4m3';
@@ -215,7 +217,7 @@ export class RankOps {
   }
 
   /** cuda rank programs: combine of device tensors; x must not lie in the receive buffer. */
-  combineDevice(c: DeviceCombineInput, bias: DeviceTensor[], opts: DeviceOptions = {}): DeviceCombineResult {
+  combineDevice(c: DeviceCombineInput, bias: readonly DeviceTensor[], opts: DeviceOptions = NO_OPTIONS): DeviceCombineResult {
     const capturing = this.capturing;
     const { hidden, topk } = this.init.buffer;
     const T = c.handle.numTokens;
