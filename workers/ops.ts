@@ -19,6 +19,21 @@ import { EVENTS, PHASES, type RankRunner } from './runner.js';
 
 const OUT_NAMES = ['x', 'scales', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
 
+interface BufferViews {
+  x: DeviceTensor<'bf16'>;
+  x8: DeviceTensor<'fp8e4m3'>;
+  scales: DeviceTensor<'fp32'>;
+  topkIdx: DeviceTensor<'int32'>;
+  topkWeights: DeviceTensor<'fp32'>;
+  srcRank: DeviceTensor<'int32'>;
+  srcToken: DeviceTensor<'int32'>;
+}
+
+/** free() of outputs left in the buffer: nothing to free (one function for every such result; named free, as before). */
+const freeViews = { free: (): void => {} }.free;
+/** the options of a call that passes none (read only: one object for every such call) */
+const NO_OPTIONS: DeviceOptions = Object.freeze({});
+
 export class RankOps {
   /** handles this rank's dispatches returned (rank programs check theirs against it) */
   readonly handles = new HandleRegistry();
@@ -26,8 +41,8 @@ export class RankOps {
   private readonly u64: BigUint64Array;
   /** @internal the engram table's row type and entries (rank programs' async fetches shape their rows with it) */
   engram: { dtype: DType; rowShape: number[]; entries: number } | null = null;
-  /** the receive buffer's regions as device tensors: the outputs of every outputsInBuffer dispatch */
-  private views: Record<string, DeviceTensor> | null = null;
+  /** the receive buffer's regions as device tensors: the outputs of every outputsInBuffer dispatch (x8: x as fp8) */
+  private views: BufferViews | null = null;
 
   constructor(
     readonly init: RankInit,
@@ -148,15 +163,15 @@ export class RankOps {
     return { x: tensor('bf16', [T, hidden], x), topkWeights: w };
   }
 
-  /** The buffer's receive regions as device tensors (views: free() forgets them), for worst-case rows. */
-  private bufferViews(fp8: boolean): Record<string, DeviceTensor> {
+  /** The buffer's receive regions as device tensors (views: free() forgets them), for worst-case rows; made once. */
+  private bufferViews(): BufferViews {
     if (!this.views) {
       const { hidden, topk, maxTokensPerRank } = this.init.buffer;
       const rows = this.init.worldSize * maxTokensPerRank;
       const info = this.native.info();
       const base = info.window + BigInt(info.workspaceBytes);
       const layout = loadAddon().layout(this.init.buffer, this.init.worldSize).buffer;
-      const view = (dtype: DType, shape: number[], off: number) => new DeviceTensor(this.native, dtype, shape, base + BigInt(off), false);
+      const view = <D extends DType>(dtype: D, shape: number[], off: number) => new DeviceTensor(this.native, dtype, shape, base + BigInt(off), false);
       this.views = {
         x: view('bf16', [rows, hidden], layout.x), x8: view('fp8e4m3', [rows, hidden], layout.x),
         scales: view('fp32', [rows, hidden / 128], layout.scales), topkIdx: view('int32', [rows, topk], layout.topkIdx),
@@ -164,10 +179,10 @@ export class RankOps {
         srcToken: view('int32', [rows], layout.srcToken),
       };
     }
-    return fp8 ? { ...this.views, x: this.views.x8! } : this.views;
+    return this.views;
   }
   /** cuda rank programs: dispatch of device tensors. */
-  dispatchDevice(d: DeviceDispatchInput, opts: DeviceOptions = {}): DeviceDispatchResult {
+  dispatchDevice(d: DeviceDispatchInput, opts: DeviceOptions = NO_OPTIONS): DeviceDispatchResult {
     const inBuffer = opts.outputsInBuffer === true;
     const T = d.x.shape[0]!;
     const fp8 = d.x.dtype === 'fp8e4m3';
@@ -179,12 +194,11 @@ export class RankOps {
     const handle = this.handleOf(this.f64[SCRATCH.layoutId]!, T, known ? numRecv : -1);
     const tokensPerExpert = known ? this.tokensPerExpert() : null;
     if (inBuffer) {
-      const v = this.bufferViews(fp8);
-      return {
-        x: v.x!, ...(fp8 ? { scales: v.scales as DeviceTensor<'fp32'> } : {}), topkIdx: v.topkIdx as DeviceTensor<'int32'>,
-        topkWeights: v.topkWeights as DeviceTensor<'fp32'>, srcRank: v.srcRank as DeviceTensor<'int32'>, srcToken: v.srcToken as DeviceTensor<'int32'>,
-        numRecv: known ? numRecv : null, tokensPerExpert, handle, free: () => {},
-      };
+      // Two literals (no spread), the keys in the same order: scales comes after x, fp8 only.
+      const v = this.bufferViews(), R = known ? numRecv : null;
+      return fp8
+        ? { x: v.x8, scales: v.scales, topkIdx: v.topkIdx, topkWeights: v.topkWeights, srcRank: v.srcRank, srcToken: v.srcToken, numRecv: R, tokensPerExpert, handle, free: freeViews }
+        : { x: v.x, topkIdx: v.topkIdx, topkWeights: v.topkWeights, srcRank: v.srcRank, srcToken: v.srcToken, numRecv: R, tokensPerExpert, handle, free: freeViews };
     }
     const { hidden, topk } = this.init.buffer;
     const R = numRecv;
@@ -203,7 +217,7 @@ export class RankOps {
   }
 
   /** cuda rank programs: combine of device tensors; x must not lie in the receive buffer. */
-  combineDevice(c: DeviceCombineInput, bias: DeviceTensor[], opts: DeviceOptions = {}): DeviceCombineResult {
+  combineDevice(c: DeviceCombineInput, bias: readonly DeviceTensor[], opts: DeviceOptions = NO_OPTIONS): DeviceCombineResult {
     const capturing = this.capturing;
     const { hidden, topk } = this.init.buffer;
     const T = c.handle.numTokens;

@@ -45,7 +45,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
   function dispatch(d: DispatchInput): Promise<DispatchResult>;
   async function dispatch(d: DispatchInput | DeviceDispatchInput, opts?: DeviceOptions): Promise<DispatchResult | DeviceDispatchResult> {
     if (isDeviceTensor((d as DeviceDispatchInput)?.x)) {
-      checkDeviceDispatch('input', d as DeviceDispatchInput, buffer, rank, groupId, registry, opts);
+      checkDeviceDispatch(d as DeviceDispatchInput, buffer, rank, groupId, registry, opts);
       return ops.dispatchDevice(d as DeviceDispatchInput, opts);
     }
     if (ops.capturing) throw invalid('input.x', 'a captured dispatch takes device tensors');
@@ -56,7 +56,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
   function combine(c: CombineInput): Promise<CombineResult>;
   async function combine(c: CombineInput | DeviceCombineInput, opts?: DeviceOptions): Promise<unknown> {
     if (isDeviceTensor((c as DeviceCombineInput)?.x))
-      return ops.combineDevice(c as DeviceCombineInput, checkDeviceCombine('input', c as DeviceCombineInput, buffer, rank, groupId, registry, opts), opts);
+      return ops.combineDevice(c as DeviceCombineInput, checkDeviceCombine(c as DeviceCombineInput, buffer, rank, groupId, registry, opts), opts);
     if (ops.capturing) throw invalid('input.x', 'a captured combine takes device tensors');
     return ops.combine(c as CombineInput, checkCombineInput('input', c, buffer, rank, groupId, registry));
   }
@@ -258,34 +258,38 @@ function checkDevice(name: string, t: unknown, dtypes: readonly DType[], numelWa
   return t;
 }
 
-/** Shapes and dtypes of a device dispatch (values stay on the GPU: the kernels report bad expert ids). */
-function checkDeviceDispatch(name: string, d: DeviceDispatchInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): void {
-  const x = checkDevice(`${name}.x`, d.x, cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], undefined, [undefined, cfg.hidden]);
+/** Shapes and dtypes of a device dispatch (values stay on the GPU: the kernels report bad expert ids). The
+ *  argument names are constants (input.x, ...): nothing is built per call. */
+function checkDeviceDispatch(d: DeviceDispatchInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): void {
+  const x = checkDevice('input.x', d.x, cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], undefined, [undefined, cfg.hidden]);
   const T = x.shape[0]!;
-  if (T > cfg.maxTokensPerRank) throw invalid(`${name}.x.shape[0]`, `${T} tokens exceed buffer.maxTokensPerRank (${cfg.maxTokensPerRank})`);
-  if (x.dtype === 'fp8e4m3') checkDevice(`${name}.scales`, d.scales, ['fp32'], T * (cfg.hidden / 128));
-  else if (d.scales !== undefined) throw invalid(`${name}.scales`, 'is only for fp8e4m3 x');
-  if (d.expertAlignment !== undefined) checkPositiveInt(`${name}.expertAlignment`, d.expertAlignment, 1 << 16);
+  if (T > cfg.maxTokensPerRank) throw invalid('input.x.shape[0]', `${T} tokens exceed buffer.maxTokensPerRank (${cfg.maxTokensPerRank})`);
+  if (x.dtype === 'fp8e4m3') checkDevice('input.scales', d.scales, ['fp32'], T * (cfg.hidden / 128));
+  else if (d.scales !== undefined) throw invalid('input.scales', 'is only for fp8e4m3 x');
+  if (d.expertAlignment !== undefined) checkPositiveInt('input.expertAlignment', d.expertAlignment, 1 << 16);
   if (d.handle !== undefined) {
-    checkHandle(`${name}.handle`, d.handle, rank, groupId, registry);
-    if (d.handle.numTokens !== T) throw invalid(`${name}.handle`, `was made for ${d.handle.numTokens} tokens, x has ${T}`);
+    checkHandle('input.handle', d.handle, rank, groupId, registry);
+    if (d.handle.numTokens !== T) throw invalid('input.handle', `was made for ${d.handle.numTokens} tokens, x has ${T}`);
   }
-  if (d.topkIdx === undefined && d.handle === undefined) throw invalid(`${name}.topkIdx`, 'is required (or pass a handle of a previous dispatch)');
-  if (d.topkIdx !== undefined) checkDevice(`${name}.topkIdx`, d.topkIdx, ['int32'], T * cfg.topk);
-  if (d.topkWeights !== undefined) checkDevice(`${name}.topkWeights`, d.topkWeights, ['fp32'], T * cfg.topk);
-  else if (d.handle === undefined) throw invalid(`${name}.topkWeights`, 'is required (or pass a handle of a previous dispatch)');
+  if (d.topkIdx === undefined && d.handle === undefined) throw invalid('input.topkIdx', 'is required (or pass a handle of a previous dispatch)');
+  if (d.topkIdx !== undefined) checkDevice('input.topkIdx', d.topkIdx, ['int32'], T * cfg.topk);
+  if (d.topkWeights !== undefined) checkDevice('input.topkWeights', d.topkWeights, ['fp32'], T * cfg.topk);
+  else if (d.handle === undefined) throw invalid('input.topkWeights', 'is required (or pass a handle of a previous dispatch)');
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { outputsInBuffer?, numSms? }');
   if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
 }
 
-function checkDeviceCombine(name: string, c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): DeviceTensor[] {
-  checkHandle(`${name}.handle`, c.handle, rank, groupId, registry);
-  const x = checkDevice(`${name}.x`, c.x, ['bf16'], undefined, [undefined, cfg.hidden]);
-  if (c.handle.numRecv >= 0 && x.shape[0]! < c.handle.numRecv) throw invalid(`${name}.x.shape[0]`, `is ${x.shape[0]}; the dispatch received ${c.handle.numRecv} rows`);
-  if (c.topkWeights !== undefined) checkDevice(`${name}.topkWeights`, c.topkWeights, ['fp32'], x.shape[0]! * cfg.topk);
-  const bias = c.bias === undefined ? [] : Array.isArray(c.bias) ? c.bias : [c.bias];
-  if (bias.length > 2) throw invalid(`${name}.bias`, `takes at most 2 tensors (got ${bias.length})`);
-  bias.forEach((b, i) => checkDevice(`${name}.bias[${i}]`, b, ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]));
+/** A combine's bias when it has none (read only). */
+const NO_BIAS: readonly DeviceTensor[] = Object.freeze([]);
+
+function checkDeviceCombine(c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): readonly DeviceTensor[] {
+  checkHandle('input.handle', c.handle, rank, groupId, registry);
+  const x = checkDevice('input.x', c.x, ['bf16'], undefined, [undefined, cfg.hidden]);
+  if (c.handle.numRecv >= 0 && x.shape[0]! < c.handle.numRecv) throw invalid('input.x.shape[0]', `is ${x.shape[0]}; the dispatch received ${c.handle.numRecv} rows`);
+  if (c.topkWeights !== undefined) checkDevice('input.topkWeights', c.topkWeights, ['fp32'], x.shape[0]! * cfg.topk);
+  const bias = c.bias === undefined ? NO_BIAS : Array.isArray(c.bias) ? c.bias : [c.bias];
+  if (bias.length > 2) throw invalid('input.bias', `takes at most 2 tensors (got ${bias.length})`);
+  for (let i = 0; i < bias.length; i++) checkDevice(`input.bias[${i}]`, bias[i], ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]);
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { numSms?, out? }');
   if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
   if (opts?.out !== undefined) {

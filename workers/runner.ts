@@ -10,7 +10,9 @@ import { RankflowError } from '../actors/core/errors.js';
 import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 import { TransitionLog } from './transition-log.js';
 
-const now = (): number => performance.timeOrigin + performance.now();
+// The thread's time origin is fixed: read once (its getter costs a brand check per transition).
+const origin = performance.timeOrigin;
+const now = (): number => origin + performance.now();
 
 type Post = (m: WorkerMessage) => void;
 
@@ -74,6 +76,10 @@ interface Step {
   opId: number;
   /** how the ops in flight change (ISSUED: +1 of its kind, COMPLETED: -1) */
   inflight: InFlightCounts;
+  /** the steps learnt from where this one leads (that context and state), once they exist */
+  next?: Map<string, Step>;
+  /** the event's index in the transition log's name table, once recorded */
+  eventId?: number;
 }
 
 type InFlightCounts = { gather: number; reduce: number; fetch: number };
@@ -108,6 +114,11 @@ export class RankRunner {
   private stale = false;
   /** steps by context (op running or not, the counts in flight), then state, then event */
   private readonly steps = new Map<string, Map<string, Map<string, Step>>>();
+  /**
+   * The steps from the context and state now (undefined: not looked up, or none learnt yet). A step
+   * leads to one context and state (it was learnt in one), so it keeps the steps from there (next).
+   */
+  private here: Map<string, Step> | undefined;
   /** the machine's inflight counts (kept here between actor updates) */
   private inFlight: InFlightCounts = NONE_IN_FLIGHT;
   /** the context keys for the counts now, without and with an op running (made when the counts change) */
@@ -248,7 +259,7 @@ export class RankRunner {
   /** One event into the machine; false when the machine did not take it. */
   private send(event: RankEvent): boolean {
     // Guards read the context (an op running; the ops in flight): steps are kept apart by both.
-    const step = this.inspect ? undefined : this.steps.get(this.op !== null ? this.busyKey : this.idleKey)?.get(this.path)?.get(eventKey(event));
+    const step = this.inspect ? undefined : (this.here ??= this.stepsHere())?.get(eventKey(event));
     if (step) {
       const fromId = this.pathId;
       const d = step.inflight;
@@ -262,10 +273,11 @@ export class RankRunner {
       if (step.marksBefore) this.seqBefore = this.seqNow;
       this.seqNow += step.seq === 'ops' ? (event as { ops: number }).ops : step.seq;
       this.op = step.op;
+      this.here = step.next ??= this.stepsHere();
       this.stale = true;
       if (this.pathId === fromId) return true;  // no transition (an op issued or completed in its state)
       const phases = (event as { phases?: readonly string[] }).phases;
-      this.record(fromId, this.pathId, this.log.id(event.type), step.opId, phases ? this.log.phases(phases) : -1);
+      this.record(fromId, this.pathId, step.eventId ??= this.log.id(event.type), step.opId, phases ? this.log.phases(phases) : -1);
       return true;
     }
     const actor = this.actorNow();
@@ -285,6 +297,7 @@ export class RankRunner {
     this.seqNow = c.seq;
     this.seqBefore = c.seqBefore;
     this.op = c.op;
+    this.here = undefined;
     if (to === from) return true;
     const phases = (event as { phases?: readonly string[] }).phases;
     if (to === 'failed' && c.error) {
@@ -301,6 +314,11 @@ export class RankRunner {
     const op = c.op ?? (event.type === 'DONE' || event.type === 'FAILED' || event.type === 'COMPLETED' ? opOf(from) : undefined);
     this.record(fromId, this.pathId, this.log.id(event.type), op ? this.log.id(op) : -1, phases ? this.log.phases(phases) : -1);
     return true;
+  }
+
+  /** The steps learnt from the context and state now (undefined if none). */
+  private stepsHere(): Map<string, Step> | undefined {
+    return this.steps.get(this.op !== null ? this.busyKey : this.idleKey)?.get(this.path);
   }
 
   /** Remembers what the machine did with a hot event here, to replay it next time without the actor. */

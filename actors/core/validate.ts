@@ -121,9 +121,9 @@ export function checkHandle(name: string, h: unknown, rank: number, groupId: str
   const handle = h as DispatchHandle;
   if (handle.group !== groupId) throw invalid(name, 'belongs to another group');
   if (handle.rank !== rank) throw invalid(name, `belongs to rank ${handle.rank}, not rank ${rank}`);
-  if (registry && !registry.has(h))
+  // A live handle becomes the most recently used; any other object is refused (nothing moves).
+  if (registry && !registry.touch(handle))
     throw invalid(name, `is not a handle a dispatch of rank ${rank} returned (a copy or a made-up object), or it expired (a rank keeps the ${MAX_LIVE_HANDLES} most recently used handles)`);
-  registry?.touch(handle);
 }
 
 /** Per-rank combine checks; returns the bias tensors as a list. */
