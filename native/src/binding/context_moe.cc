@@ -8,8 +8,7 @@ namespace rankflow::binding {
 void ContextWrap::write_counts(const DispatchLayout& l) {
   scratch_f64_[kScratchNumRecv] = l.counts_known ? double(l.num_recv) : -1.0;
   if (!l.counts_known) return;
-  const std::vector<int64_t> tpe = ops::aligned_tokens_per_expert(l);
-  for (size_t e = 0; e < tpe.size(); ++e) scratch_f64_[kScratchTokensPerExpert + e] = double(tpe[e]);
+  ops::aligned_tokens_per_expert(l, scratch_f64_ + kScratchTokensPerExpert);
 }
 
 // (x, scales, topkIdx, topkWeights, numTokens, xElemBytes, expertAlignment, handle, numSms, mode)

@@ -27,8 +27,9 @@ void all_gather(Context& c, Mem in, int64_t bytes, Mem out);
 std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& in);
 bool dispatch_counts(Context& c, DispatchLayout& l, bool block);
 void dispatch_finish(Context& c, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
-// tokensPerExpert as the API returns it: each count padded to the layout's expertAlignment.
-std::vector<int64_t> aligned_tokens_per_expert(const DispatchLayout& l);
+// tokensPerExpert as the API returns it, into out[0, experts per rank): each count padded to the
+// layout's expertAlignment.
+void aligned_tokens_per_expert(const DispatchLayout& l, double* out);
 // The live layout a handle names, or EINVAL naming `what`.
 std::shared_ptr<DispatchLayout> handle_layout(const Context& c, uint32_t handle, const char* what);
 

@@ -88,11 +88,16 @@ void dispatch_finish(Context& c, DispatchLayout& l, const DispatchInput& in, Dis
   l.complete = true;
 }
 
-std::vector<int64_t> aligned_tokens_per_expert(const DispatchLayout& l) {
-  std::vector<int64_t> out;
-  out.reserve(l.tokens_per_expert.size());
-  for (const int64_t n : l.tokens_per_expert) out.push_back(align_up(n, l.expert_alignment));
-  return out;
+void aligned_tokens_per_expert(const DispatchLayout& l, double* out) {
+  const std::vector<int64_t>& tpe = l.tokens_per_expert;
+  const int64_t a = l.expert_alignment;
+  // No division per expert where nothing is rounded (the common case): 256 of them were ~1.4 µs of a
+  // cached dispatch's CPU time on the H200 machine.
+  if (a == 1) {
+    for (size_t e = 0; e < tpe.size(); ++e) out[e] = double(tpe[e]);
+  } else {
+    for (size_t e = 0; e < tpe.size(); ++e) out[e] = double(align_up(tpe[e], a));
+  }
 }
 
 }  // namespace rankflow::ops
