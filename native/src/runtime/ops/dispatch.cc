@@ -91,8 +91,8 @@ void dispatch_finish(Context& c, DispatchLayout& l, const DispatchInput& in, Dis
 void aligned_tokens_per_expert(const DispatchLayout& l, double* out) {
   const std::vector<int64_t>& tpe = l.tokens_per_expert;
   const int64_t a = l.expert_alignment;
-  // No division per expert where nothing is rounded (the common case): 256 of them were ~1.4 µs of a
-  // cached dispatch's CPU time on the H200 machine.
+  // No division per expert where nothing is rounded (the common case): 256 of them, into a vector made
+  // per call, were ~1.5 µs of a cached dispatch's CPU time on the H200 machine.
   if (a == 1) {
     for (size_t e = 0; e < tpe.size(); ++e) out[e] = double(tpe[e]);
   } else {
