@@ -38,8 +38,7 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
         if (op.in.device) RF_CU(cuMemcpyAsync, slot, dev(op.in.ptr), size_t(op.bytes), stream_);
         else from_host(slot, op.in.ptr, op.bytes);
       }
-      if (two_level()) two_level_gather_parts(op.seq, region, op.bytes);
-      else put(rank_args(op.seq), slot, 0, op.bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
+      session_gather_parts(op.seq, region, op.bytes);
     } else {
       const int64_t chunk = op.bytes;
       // Two levels: the chunks my rail peers send, behind the staged input.
@@ -53,9 +52,7 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
         }
         src = stage;
       }
-      if (two_level()) two_level_scatter(op.seq, src, recv, chunk, region);
-      else put(rank_args(op.seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
-               kPhaseSessionReduce);
+      session_scatter(op.seq, src, recv, chunk, region);
       kargs::ReduceArgs r;
       r.region = reinterpret_cast<const void*>(mem_.window() + CUdeviceptr(region));
       r.n = op.n;

@@ -245,6 +245,12 @@ class CudaBackend final : public Backend {
   // An AGRS put: peer pointers below ce_min_bytes per destination, copy engines from there on.
   void put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
            kargs::Ring ring, bool enter, Phase phase);
+  // A session collective's exchange, for the synchronous (collectives.cc) and the asynchronous
+  // (async.cc) entry points: put into every peer, or in two levels the two_level_* of the same name.
+  // allGather: my part already in my slot of the region at window offset `region`. reduceScatter: my
+  // W chunks at `src` (recv: two levels only, W chunks of scratch for my rail peers' chunks).
+  void session_gather_parts(uint64_t seq, int64_t region, int64_t bytes);
+  void session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region);
   void keep_for_graph(const CudaLayout& l);
   // async.cc: an async op's end, recorded on the stream, waited for like the stream itself.
   void wait_event(CUevent e, const WaitSite& site);

@@ -153,6 +153,19 @@ void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase
   if (two_level()) check_rail_headers(c_.seq, 0, op, phase);
 }
 
+void CudaBackend::session_gather_parts(uint64_t seq, int64_t region, int64_t bytes) {
+  if (two_level()) return two_level_gather_parts(seq, region, bytes);
+  const int W = world();
+  const int64_t mine = region + int64_t(rank()) * bytes;
+  put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
+}
+
+void CudaBackend::session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region) {
+  if (two_level()) return two_level_scatter(seq, src, recv, chunk, region);
+  const int W = world();
+  put(rank_args(seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false, kPhaseSessionReduce);
+}
+
 void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
   if (two_level()) check_rails("session allGather");
   const int W = world();
@@ -164,9 +177,7 @@ void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
       if (in.device) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(mine), dev(in.ptr), size_t(bytes), stream_);
       else from_host(mem_.window() + CUdeviceptr(mine), in.ptr, bytes);
     }
-    if (two_level()) two_level_gather_parts(seq, region, bytes);
-    else put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false,
-             kPhaseSessionGather);
+    session_gather_parts(seq, region, bytes);
     if (out.device && bytes > 0)
       RF_CU(cuMemcpyAsync, dev(out.ptr), mem_.window() + CUdeviceptr(region), size_t(bytes * W), stream_);
   });
@@ -194,9 +205,7 @@ void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
       }
       src = stage;
     }
-    if (two_level()) two_level_scatter(seq, src, stage + CUdeviceptr(chunk * W + chunk), chunk, region);
-    else put(rank_args(seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false,
-             kPhaseSessionReduce);
+    session_scatter(seq, src, two_level() ? stage + CUdeviceptr(chunk * W + chunk) : 0, chunk, region);
     kargs::ReduceArgs r;
     r.region = reinterpret_cast<const void*>(mem_.window() + CUdeviceptr(region));
     r.n = n;
