@@ -223,16 +223,17 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
   const int64_t T = l.num_tokens, K = ep.topk, row = ep.hidden * in.x_elem_bytes, S = c_.buf.scales_per_token;
   const bool with_scales = bool(in.scales);
   kargs::DispatchIn din;
-  // Fused with its notify, the data phase reads the inputs' topk: the routing's copies are being
-  // written by the other blocks of the same kernel.
-  const bool fuse = st.fused && out.in_buffer && in.x.device;
+  // Fused with its notify (dispatch_notify fuses only a dispatch without a CPU sync, of device inputs,
+  // whose outputs stay in the buffer; the launcher checks the outputs), the data phase reads the
+  // inputs' topk: the routing's copies are being written by the other blocks of the same kernel.
+  const bool fuse = st.fused;
   din.topk_idx = fuse ? st.notify.topk_idx : reinterpret_cast<const int32_t*>(st.idx);
   din.topk_weights = fuse ? st.notify.topk_weights : reinterpret_cast<const float*>(st.weights);
   din.num_tokens = T;
   din.x_elem_bytes = int32_t(in.x_elem_bytes);
   kargs::DispatchOut dout;
   translating(rank(), [&] {
-    if (st.cached || st.fused) time_start();  // a cached or fused dispatch's first device work is here
+    if (st.cached || fuse) time_start();  // a cached or fused dispatch's first device work is here
     if (!in.x.device) {
       // Driver mode: x, scales and new weights staged; the outputs stay in the buffer, copied out below.
       const int64_t xb = align_up(T * row, kRegionAlignment), sb = align_up(T * S * 4, kRegionAlignment);
@@ -268,10 +269,8 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
       launch_->dispatch_fused(stream_, f, in.num_sms);
       ++fused_dispatches_;
     } else {
-      if (st.fused) launch_->dispatch_notify(stream_, st.notify);  // not fusable after all: in order
       launch_->dispatch_data(stream_, a, in.num_sms);
     }
-    st.fused = false;
     time_end();
   });
   keep_for_graph(st);
