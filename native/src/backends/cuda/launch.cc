@@ -84,7 +84,7 @@ void Launcher::keep(CUfunction f, int block, bool cooperative) {
     d.cuGraphExecDestroy(k.exec);
     k.exec = nullptr;
   }
-  kept_[std::make_tuple(f, cooperative, kept_stream_)] = k;
+  kept_[std::make_pair(f, cooperative)] = k;
 }
 
 // Every graph is made here, when the rank's context is new and none of its kernels has run (other
@@ -115,7 +115,7 @@ void Launcher::prepare(CUstream s) {
 bool Launcher::launch_graph(const CUDA_KERNEL_NODE_PARAMS& p, bool cooperative, CUstream s, const char* what) const {
   if (s != kept_stream_) return false;
   const Driver& d = driver();
-  const auto it = kept_.find(std::make_tuple(p.func, cooperative, s));
+  const auto it = kept_.find(std::make_pair(p.func, cooperative));
   if (it == kept_.end() || it->second.exec == nullptr ||
       d.cuGraphExecKernelNodeSetParams(it->second.exec, it->second.node, &p) != CUDA_SUCCESS)
     return false;

@@ -22,7 +22,7 @@
 #include <cuda.h>
 
 #include <map>
-#include <tuple>
+#include <utility>
 
 #include "args.hpp"
 #include "modules.hpp"
@@ -92,7 +92,7 @@ class Launcher {
   // *blocks cut to what can be resident with its dynamic shared memory, which is checked against a
   // block's limit (the message names the tokens and experts) and allowed above 48 KiB. Returns its bytes.
   int64_t fit_notify(CUfunction f, int threads, const kargs::NotifyArgs& a, bool fused, int* blocks) const;
-  // The kept graph of one kernel, launch attribute and stream.
+  // The kept graph of one kernel and launch attribute, on kept_stream_.
   struct Kept {
     CUgraph graph = nullptr;
     CUgraphNode node = nullptr;
@@ -112,7 +112,7 @@ class Launcher {
   bool capturing_ = false;
   mutable uint64_t graph_launches_ = 0, direct_launches_ = 0;
   // Made by prepare(), read only after it (a rank launches from its own thread). exec null: launch directly.
-  std::map<std::tuple<CUfunction, bool, CUstream>, Kept> kept_;
+  std::map<std::pair<CUfunction, bool>, Kept> kept_;
   mutable std::map<std::pair<CUfunction, int>, int> occupancy_;  // (kernel, smem) -> blocks per SM
 };
 
