@@ -9,8 +9,9 @@ import { describe, expect, test } from 'vitest';
 import { createGroup, type DispatchResult, type Group, type RankflowError, type TransitionEvent } from '../actors/index.js';
 import { loadAddon } from '../actors/core/addon.js';
 import { program, recordTransitions, withGroup } from './helpers/group.js';
+import { tensor } from '../actors/core/tensor.js';
 import {
-    prng, randomBf16, randomDispatchInput, randomRouting, referenceDispatch, type MoeConfig, type RankRouting,
+    expertRows, prng, randomBf16, randomDispatchInput, randomRouting, referenceCombine, referenceDispatch, type MoeConfig, type RankRouting,
 } from './helpers/moe-reference.js';
 
 const buffer = (cfg: MoeConfig, maxTokensPerRank = 32, extra = {}) => ({
@@ -332,6 +333,41 @@ describe('dispatch: handles in use stay valid', () => {
             expect(err.code).toBe('EINVAL');
             expect(err.message).toMatch(/inputs\[0\]\.handle: .*expired \(a rank keeps the 256 most recently used handles\)/);
             expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+        });
+    });
+});
+
+describe('dispatch: a new handle takes over an expired one', () => {
+    const cfg: MoeConfig = { worldSize: 2, hidden: 128, topk: 2, numExperts: 4 };
+
+    // With 256 handles live, a rank moves each new handle into the expiring one's entry and reuses its
+    // layout (native/src/runtime/context.cc add_layout). Five routings with different token counts take
+    // turns, two handles per step: the handle that expires is ~128 steps old, and 5 divides none of
+    // 127-129, so it always had another routing. A reused layout that kept anything of its last handle
+    // (counts, rows, routing) gives the wrong rows, counts or sums here.
+    test('routings that change every step, past 256 handles, each keep their own rows, counts and combine', async () => {
+        const sets = [0, 1, 2, 3, 4].map((s) => randomInputs(46 + s, cfg, (r) => 3 + 2 * s + r));
+        await withGroup({ ranks: 2, buffer: buffer(cfg, 16) }, async (g) => {
+            let prev: { out: DispatchResult[]; set: number } | undefined;
+            for (let step = 0; step < 200; step++) {  // 2 handles per step: every handle after step 127 is a reused one
+                const set = step % sets.length;
+                const fresh = await g.dispatch(sets[set]!);
+                expectDispatched(fresh, sets[set]!, cfg);
+                if (prev) {
+                    const from = prev.out, inputs = sets[prev.set]!;
+                    const cached = await g.dispatch(inputs.map((d, r) => ({ x: d.x, handle: from[r]!.handle })));
+                    expectDispatched(cached, inputs, cfg);
+                    const x = cached.map((o, r) => tensor('bf16', o.x.shape, expertRows(o.x.data as Uint16Array, r)));
+                    const back = await g.combine(cached.map((o, r) => ({ x: x[r]!, handle: o.handle })));
+                    const returned = cached.map((o, r) => ({ srcRank: o.srcRank, srcToken: o.srcToken, x: x[r]!.data, topkWeights: o.topkWeights }));
+                    back.forEach((b, r) => {
+                        const want = referenceCombine(returned, r, inputs[r]!.x.shape[0]!, cfg.hidden, cfg.topk);
+                        expect(b.x.data, `step ${step} rank ${r} combined x`).toEqual(want.x);
+                        expect(b.topkWeights, `step ${step} rank ${r} combined weights`).toEqual(want.topkWeights);
+                    });
+                }
+                prev = { out: fresh, set };
+            }
         });
     });
 });

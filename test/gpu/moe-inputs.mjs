@@ -61,3 +61,11 @@ export function biasInput(seed, rank, tokens) {
   const rng = lcg(seed * 101 + rank * 13 + 9);
   return Uint16Array.from({ length: tokens * MOE_BUFFER.hidden }, () => Math.floor(rng() * 0x3e00) + 0x0100);
 }
+
+/** FNV-1a (32 bits) of a typed array's bytes: what a rank program returns for outputs too many to send back each step. */
+export function digest(a) {
+  const b = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+  let h = 0x811c9dc5;
+  for (let i = 0; i < b.length; i++) h = Math.imul(h ^ b[i], 0x01000193) >>> 0;
+  return h;
+}

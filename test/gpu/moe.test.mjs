@@ -8,7 +8,7 @@ import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import { createGroup, layouts, recordPaths, requireGpu, tensor } from './helpers.mjs';
-import { MOE_BUFFER, biasInput, combineInput, moeInput } from './moe-inputs.mjs';
+import { MOE_BUFFER, biasInput, combineInput, digest, moeInput } from './moe-inputs.mjs';
 
 before(() => requireGpu());
 
@@ -134,6 +134,32 @@ for (const layout of layouts([2, 4])) {
         sameDispatch(kc, kh, `cached, weights ${withWeights}`);
         await bothCombine(kc, kh, 70, { biases: 1 }, 'cached');
       }
+    });
+
+    // 2 handles per step, so the handle that expires is ~128 steps old; 5 routings in turn, and 5 divides
+    // none of 127-129: the layout and device blocks a new handle takes over always had another routing.
+    test('past 256 handles each new one takes over an expired one: five routings in turn, no CPU sync and cached, keep their own rows and combine', async () => {
+      const seed = 60, steps = 150, rows = W * MOE_BUFFER.maxTokensPerRank;
+      const tokensOf = [0, 1, 2, 3, 4].map((s) => Array.from({ length: W }, (_, r) => 20 + 13 * s + 7 * r));
+      const rowsOf = (d) => [digest(d.x.data), digest(d.topkIdx), digest(d.topkWeights), digest(d.srcRank), digest(d.srcToken)];
+      const want = [];
+      for (const [s, tokens] of tokensOf.entries()) {
+        const h = await host.dispatch(inputs(seed + s, tokens));
+        const hk = await host.dispatch(tokens.map((T, r) => ({ x: tensor('bf16', [T, hidden], moeInput(seed + 100 + s, r, T).x), handle: h[r].handle })));
+        const hc = await host.combine(hk.map((d, r) => ({ x: tensor('bf16', [d.x.shape[0], hidden], combineInput(seed + s, r, d.x.shape[0]).x), handle: d.handle })));
+        want.push({ recv: h.map((d) => d.x.shape[0]), fresh: h.map(rowsOf), cached: hk.map(rowsOf), combine: hc.map((c) => [digest(c.x.data), digest(c.topkWeights)]) });
+      }
+      const got = await cuda.run(program('moe-reuse.mjs'), { seed, tokens: tokensOf, recv: want.map((w) => w.recv), rows, steps });
+      got.forEach((o, r) => {
+        assert.equal(o.steps.length, steps);
+        assert.equal(o.fusedDispatches, steps, `rank ${r}: every dispatch without a CPU sync ran as one kernel`);
+        o.steps.forEach((st, step) => {
+          const w = want[st.set], at = `rank ${r}, step ${step} (routing ${st.set})`;
+          assert.deepEqual(st.fresh, w.fresh[r], `${at}: no CPU sync: x, topkIdx, topkWeights, srcRank, srcToken`);
+          assert.deepEqual(st.cached, w.cached[r], `${at}: cached: x, topkIdx, topkWeights, srcRank, srcToken`);
+          assert.deepEqual(st.combine, w.combine[r], `${at}: combine x, weights`);
+        });
+      });
     });
 
     test('one transition into dispatching and one out per rank, the record naming notify, cpuSync, data', async () => {

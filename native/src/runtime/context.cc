@@ -82,19 +82,30 @@ std::shared_ptr<DispatchLayout> Context::layout(uint32_t id) const {
 }
 
 std::shared_ptr<DispatchLayout> Context::add_layout() {
-  auto l = std::make_shared<DispatchLayout>();
-  l->id = next_layout_id++;
+  const uint32_t id = next_layout_id++;
   if (next_layout_id == 0) next_layout_id = 1;  // 0 means "no handle"
-  if (const auto old = layouts_.find(l->id); old != layouts_.end()) {  // the id wrapped onto a live handle
+  if (const auto old = layouts_.find(id); old != layouts_.end()) {  // the id wrapped onto a live handle
     use_order_.erase(old->second.use);
     layouts_.erase(old);
   }
-  use_order_.push_front(l->id);
-  layouts_[l->id] = LiveLayout{l, use_order_.begin()};
-  while (layouts_.size() > kMaxLiveHandles) {  // the least recently used handle expires
-    layouts_.erase(use_order_.back());
-    use_order_.pop_back();
+  std::shared_ptr<DispatchLayout> l;
+  if (layouts_.size() < kMaxLiveHandles) {
+    l = std::make_shared<DispatchLayout>();
+    use_order_.push_front(id);
+    layouts_.emplace(id, LiveLayout{l, use_order_.begin()});
+  } else {
+    // The least recently used handle expires, and the new one moves into its entry and list node.
+    auto entry = layouts_.extract(use_order_.back());
+    use_order_.splice(use_order_.begin(), use_order_, std::prev(use_order_.end()));
+    use_order_.front() = id;
+    l = std::move(entry.mapped().layout);
+    if (l.use_count() == 1) l->reset_for_reuse();  // nothing else holds the expired layout
+    else l = std::make_shared<DispatchLayout>();
+    entry.key() = id;
+    entry.mapped().layout = l;
+    layouts_.insert(std::move(entry));
   }
+  l->id = id;
   return l;
 }
 

@@ -19,6 +19,13 @@
 
 namespace rankflow {
 
+// What a dispatch received, once the CPU has its counts. Fixed from then on: the cached dispatches
+// that replay its routing share it.
+struct RecvCounts {
+  std::vector<int64_t> per_rank;    // [W] tokens received from rank p
+  std::vector<int64_t> per_expert;  // [local experts] unaligned
+};
+
 // The routing of one dispatch, kept for its handle: what cached dispatch and combine replay.
 struct DispatchLayout {
   uint32_t id = 0;
@@ -26,12 +33,20 @@ struct DispatchLayout {
   uint64_t fingerprint = 0;               // the seq of the dispatch that computed the routing (cached: its origin's)
   int64_t num_tokens = 0;
   int64_t expert_alignment = 1;
-  bool counts_known = false;              // recv_count / tokens_per_expert / num_recv below are valid
-  std::vector<int64_t> recv_count;        // [W] tokens received from rank p
-  std::vector<int64_t> tokens_per_expert; // [local experts] unaligned
+  bool counts_known = false;              // counts and num_recv below are valid
+  std::shared_ptr<const RecvCounts> counts;
   int64_t num_recv = 0;
   bool complete = false;                  // the data phase ran: the handle is usable
-  std::unique_ptr<LayoutState> state;     // the backend's part (routing, device memory)
+  // The backend's part (routing, device memory). A layout reused for a new handle (Context::add_layout)
+  // keeps its old state for the backend to take over or replace (Backend::dispatch_notify, adopt_routing).
+  std::unique_ptr<LayoutState> state;
+
+  // Everything as a new layout has it, but the backend's state is kept for reuse.
+  void reset_for_reuse() {
+    counts.reset();
+    id = 0, seq = 0, fingerprint = 0, num_tokens = 0, expert_alignment = 1, num_recv = 0;
+    counts_known = false, complete = false;
+  }
 };
 
 struct Session {
@@ -91,6 +106,8 @@ class Context {
   // Live handles, at most kMaxLiveHandles: using one (a cached dispatch, a combine) keeps it, and the
   // least recently used goes when a dispatch makes one more (actors/core/handles.ts does the same).
   // O(1) each way: the use order is a list, most recent first, each handle pointing at its place.
+  // Once kMaxLiveHandles are live, a new handle takes over the expiring one's map entry and list node,
+  // and its layout where nothing else holds it: a dispatch allocates nothing for its handle then.
   struct LiveLayout {
     std::shared_ptr<DispatchLayout> layout;
     std::list<uint32_t>::iterator use;

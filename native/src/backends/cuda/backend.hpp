@@ -156,6 +156,11 @@ class CudaBackend final : public Backend {
   kargs::MoeShape moe_shape() const;
   kargs::MoeState state_of(const CudaLayout& l) const;
   CudaLayout& layout_of(DispatchLayout& l) const;
+  // The device part of a new layout (Context::add_layout), with its receive block and, own_routing, a
+  // routing block of its own. A layout reused for the new handle takes over the blocks of the one that
+  // expired where nothing else holds them (the cached dispatches sharing its routing, a captured
+  // graph): in steady state a dispatch then allocates nothing. The rest of the state starts anew.
+  std::unique_ptr<CudaLayout> new_layout_state(DispatchLayout& l, bool own_routing);
   // Every other rank of the kernels' view (in two levels: of my node).
   kargs::Ring all_ring() const { return kargs::Ring{1, kernel_world() - 1, 1, kernel_world() - 1}; }
 

@@ -46,6 +46,31 @@ CudaLayout& CudaBackend::layout_of(DispatchLayout& l) const {
   return static_cast<CudaLayout&>(*l.state);
 }
 
+std::unique_ptr<CudaLayout> CudaBackend::new_layout_state(DispatchLayout& l, bool own_routing) {
+  std::unique_ptr<CudaLayout> st(static_cast<CudaLayout*>(l.state.release()));
+  std::shared_ptr<DeviceBlock> routing, recv;
+  if (st != nullptr) {
+    if (st->recv.use_count() == 1) recv = std::move(st->recv);
+    if (own_routing && st->routing.use_count() == 1) routing = std::move(st->routing);
+    *st = CudaLayout{};
+  } else {
+    st = std::make_unique<CudaLayout>();
+  }
+  // Every block of a kind has the same size: the rank's MoeStateLayout, its topk copies and its scratch.
+  st->recv = recv != nullptr ? std::move(recv)
+                             : std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes,
+                                                             "dispatch receive state");
+  if (own_routing) {
+    // The routing state, the topk copies, then the notify grid's scratch (used inside the kernel only).
+    st->routing = routing != nullptr ? std::move(routing)
+                                     : std::make_shared<DeviceBlock>(pool_,
+                                                                     align_up(state_layout_.routing_bytes, kRegionAlignment) +
+                                                                         2 * topk_bytes_ + notify_scratch_.bytes,
+                                                                     "dispatch routing");
+  }
+  return st;
+}
+
 void CudaBackend::keep_for_graph(const CudaLayout& l) {
   if (!capturing_) return;
   capture_.keep.push_back(l.routing);
@@ -56,12 +81,9 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
   if (two_level()) return two_level_notify(seq, l, in);  // across nodes: two_level_moe.cc
   const int64_t K = c_.cfg.ep.topk, T = in.num_tokens;
   const size_t tk = size_t(T * K * 4);
-  auto st = std::make_unique<CudaLayout>();
+  std::unique_ptr<CudaLayout> st;
   translating(rank(), [&] {
-    // The routing state, the topk copies, then the notify grid's scratch (used inside the kernel only).
-    st->routing = std::make_shared<DeviceBlock>(
-        pool_, align_up(state_layout_.routing_bytes, kRegionAlignment) + 2 * topk_bytes_ + notify_scratch_.bytes, "dispatch routing");
-    st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
+    st = new_layout_state(l, /*own_routing=*/true);
     st->idx = st->routing->ptr + CUdeviceptr(align_up(state_layout_.routing_bytes, kRegionAlignment));
     st->weights = st->idx + CUdeviceptr(topk_bytes_);
     // The handle keeps the topk it was made from (a cached dispatch without weights replays them): the
@@ -115,21 +137,20 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
 
 void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
   const auto& origin = static_cast<const CudaLayout&>(*from.state);
-  auto st = std::make_unique<CudaLayout>();
   if (two_level()) {  // the host's plan is the routing; nothing on the device
+    auto st = std::make_unique<CudaLayout>();
     st->two = origin.two;
     st->mirrored = origin.mirrored;
     st->cached = true;
     l.state = std::move(st);
     return;
   }
+  std::unique_ptr<CudaLayout> st;
+  translating(rank(), [&] { st = new_layout_state(l, /*own_routing=*/false); });
   st->routing = origin.routing;
   st->idx = origin.idx;
   st->weights = origin.weights;
   st->cached = true;
-  translating(rank(), [&] {
-    st->recv = std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes, "dispatch receive state");
-  });
   keep_for_graph(*st);
   l.state = std::move(st);
 }
@@ -204,14 +225,16 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
   // A bad expert id is reported once the op has run to its end (dispatch_data): the peers' data
   // phases wait for this rank's, so refusing here would leave them hanging.
   check_gave_up();
-  l.recv_count.assign(size_t(W), 0);
-  l.tokens_per_expert.assign(size_t(epr), 0);
+  auto k = std::make_shared<RecvCounts>();
+  k->per_rank.assign(size_t(W), 0);
+  k->per_expert.assign(size_t(epr), 0);
   l.num_recv = 0;
   for (int p = 0; p < W; ++p) {
-    l.recv_count[size_t(p)] = int64_t(words[2 * p + 1]);
-    l.num_recv += l.recv_count[size_t(p)];
-    for (int64_t e = 0; e < epr; ++e) l.tokens_per_expert[size_t(e)] += int64_t(words[2 * (W + p * epr + e) + 1]);
+    k->per_rank[size_t(p)] = int64_t(words[2 * p + 1]);
+    l.num_recv += k->per_rank[size_t(p)];
+    for (int64_t e = 0; e < epr; ++e) k->per_expert[size_t(e)] += int64_t(words[2 * (W + p * epr + e) + 1]);
   }
+  l.counts = std::move(k);
   l.counts_known = true;
   return true;
 }

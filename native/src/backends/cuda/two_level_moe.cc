@@ -247,10 +247,12 @@ void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
 void CudaBackend::two_level_counts(DispatchLayout& l) {
   const TwoLevelRouting& two = *layout_of(l).two;
   const int W = world(), j = c_.nodes.local;
-  l.recv_count.assign(size_t(W), 0);
+  auto k = std::make_shared<RecvCounts>();
+  k->per_rank.assign(size_t(W), 0);
   l.num_recv = 0;
-  for (int s = 0; s < W; ++s) l.num_recv += l.recv_count[size_t(s)] = two.count[size_t(j * W + s)];
-  l.tokens_per_expert = two.tokens_per_expert;
+  for (int s = 0; s < W; ++s) l.num_recv += k->per_rank[size_t(s)] = two.count[size_t(j * W + s)];
+  k->per_expert = two.tokens_per_expert;
+  l.counts = std::move(k);
   l.counts_known = true;
 }
 

@@ -95,19 +95,21 @@ bool HostBackend::dispatch_counts(DispatchLayout& l, bool block) {
   };
   if (!block && !spin_for(c_.rules.spin_ns, arrived)) return false;
   // The CPU polls the counters (seed 7.3): each slot must carry this op's sequence number.
-  l.recv_count.assign(size_t(W), 0);
-  l.tokens_per_expert.assign(size_t(epr), 0);
+  auto k = std::make_shared<RecvCounts>();
+  k->per_rank.assign(size_t(W), 0);
+  k->per_expert.assign(size_t(epr), 0);
   l.num_recv = 0;
   for (int p = 0; p < W; ++p) {
-    l.recv_count[size_t(p)] = int64_t(wait_slot(my_slot(c_.ws.rank_count, p), l.seq,
-                                                WaitSite{kPhaseNotify, p, "rank_count"}, WaitKind::Cpu, true));
-    l.num_recv += l.recv_count[size_t(p)];
+    k->per_rank[size_t(p)] = int64_t(wait_slot(my_slot(c_.ws.rank_count, p), l.seq,
+                                               WaitSite{kPhaseNotify, p, "rank_count"}, WaitKind::Cpu, true));
+    l.num_recv += k->per_rank[size_t(p)];
   }
   for (int64_t e = 0; e < epr; ++e)
     for (int p = 0; p < W; ++p)
-      l.tokens_per_expert[size_t(e)] += int64_t(wait_slot(workspace() + c_.ws.expert_slot(p, int32_t(e)), l.seq,
-                                                          WaitSite{kPhaseNotify, p, "expert_count", int(e)},
-                                                          WaitKind::Cpu, true));
+      k->per_expert[size_t(e)] += int64_t(wait_slot(workspace() + c_.ws.expert_slot(p, int32_t(e)), l.seq,
+                                                    WaitSite{kPhaseNotify, p, "expert_count", int(e)},
+                                                    WaitKind::Cpu, true));
+  l.counts = std::move(k);
   l.counts_known = true;
   return true;
 }
@@ -189,7 +191,7 @@ void HostBackend::compact_dispatch(DispatchLayout& l, HostLayout& st, DispatchOu
   int64_t o = 0;
   const uint8_t* b = buffer();
   for (int p = 0; p < W; ++p) {
-    const int64_t first = int64_t(p) * maxT, n = l.recv_count[size_t(p)];
+    const int64_t first = int64_t(p) * maxT, n = l.counts->per_rank[size_t(p)];
     for (int64_t j = 0; j < n; ++j, ++o) {
       const int64_t slot = first + j;
       std::memcpy(ox + o * row, b + c_.buf.x + slot * xstride, size_t(row));
@@ -228,7 +230,7 @@ void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
   int64_t row = 0;
   int refused = -1;
   for (int p = 0; p < W; ++p) {
-    const int64_t n = l.recv_count[size_t(p)];
+    const int64_t n = l.counts->per_rank[size_t(p)];
     const bool same = wait_entered(p, seq) == l.fingerprint || p == rank();
     if (!same) refused = p;
     if (n > 0 && same) {

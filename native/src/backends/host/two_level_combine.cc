@@ -43,7 +43,7 @@ void HostBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const Combi
   int refused_rank = -1;
   // 1. My rows go to the forwarder of their source's rail on my node.
   std::vector<int64_t> start(size_t(world()) + 1, 0);
-  for (int p = 0; p < world(); ++p) start[size_t(p) + 1] = start[size_t(p)] + l.recv_count[size_t(p)];
+  for (int p = 0; p < world(); ++p) start[size_t(p) + 1] = start[size_t(p)] + l.counts->per_rank[size_t(p)];
   for (int i = 0; i < R; ++i) {
     const int j = int((nd.local + i) % R), f = local_rank(j);
     const bool same = f == rank() || wait_entered(f, seq) == l.fingerprint;

@@ -62,8 +62,7 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
     // Cached mode (seed 6.1 cached_mode): the same routing, counts known; no notify, no CPU sync.
     l->fingerprint = from->fingerprint;
     l->counts_known = from->counts_known;
-    l->recv_count = from->recv_count;
-    l->tokens_per_expert = from->tokens_per_expert;
+    l->counts = from->counts;
     l->num_recv = from->num_recv;
     b.adopt_routing(*l, *from);
   } else {
@@ -89,7 +88,7 @@ void dispatch_finish(Context& c, DispatchLayout& l, const DispatchInput& in, Dis
 }
 
 void aligned_tokens_per_expert(const DispatchLayout& l, double* out) {
-  const std::vector<int64_t>& tpe = l.tokens_per_expert;
+  const std::vector<int64_t>& tpe = l.counts->per_expert;
   const int64_t a = l.expert_alignment;
   // No division per expert where nothing is rounded (the common case): 256 of them, into a vector made
   // per call, were ~1.5 µs of a cached dispatch's CPU time on the H200 machine.
