@@ -9,7 +9,7 @@
  */
 import { describe, expect, test } from 'vitest';
 
-import { SCRATCH, loadAddon, type NativeContext } from '../actors/core/addon.js';
+import { DISPATCH_ARG, SCRATCH, loadAddon, type NativeContext } from '../actors/core/addon.js';
 import { DeviceTensor } from '../actors/core/device-tensor.js';
 import type { DispatchHandle } from '../actors/core/validate.js';
 import type { RankInit, WorkerMessage } from '../workers/protocol.js';
@@ -33,7 +33,8 @@ function setup(fp8Dispatch: boolean) {
     scratch,
     seq: () => 0,
     info: () => ({ window: WINDOW, workspaceBytes: WORKSPACE }),
-    dispatch: (_x: bigint, _s: unknown, _i: unknown, _w: unknown, _T: number, _elem: number, _align: number, handle: number, _sms: number, mode: number) => {
+    dispatch: () => {
+      const handle = f64[SCRATCH.args + DISPATCH_ARG.handle]!, mode = f64[SCRATCH.args + DISPATCH_ARG.mode]!;
       f64[SCRATCH.layoutId] = handle || ++layouts;
       f64[SCRATCH.numRecv] = next.numRecv;
       next.counts.forEach((c, e) => (f64[SCRATCH.tokensPerExpert + e] = c));

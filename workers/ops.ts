@@ -3,7 +3,7 @@
 // its results made into tensors. Driver mode (comlink) and rank programs (workers/program.ts) both
 // come through here; inputs are checked before (on the main thread, or by the program handle).
 import {
-  DISPATCH_DEVICE_ALLOC, DISPATCH_HOST, DISPATCH_IN_BUFFER, DISPATCH_PENDING, SCRATCH, loadAddon, type TensorArg,
+  COMBINE_ARG, DISPATCH_ARG, DISPATCH_DEVICE_ALLOC, DISPATCH_HOST, DISPATCH_IN_BUFFER, DISPATCH_PENDING, SCRATCH, loadAddon, type TensorArg,
   type NativeContext, type NativeDispatchOutputs,
 } from '../actors/core/addon.js';
 import { DeviceTensor } from '../actors/core/device-tensor.js';
@@ -113,17 +113,31 @@ export class RankOps {
     return this.capturing ? fn() : this.runner.run(event, fn, phases);
   }
 
+  /** A combine's numbers, into the scratch's args words (addon.ts COMBINE_ARG) just before its call. */
+  private combineArgs(handle: number, numSms: number, xRows: number): void {
+    const a = this.f64, at = SCRATCH.args;
+    a[at + COMBINE_ARG.handle] = handle;
+    a[at + COMBINE_ARG.numSms] = numSms;
+    a[at + COMBINE_ARG.xRows] = xRows;
+  }
+
   // A dispatch whose CPU-sync wait outlasts its spin comes back PENDING: the machine shows the wait
   // (dispatching.cpuSync) and the resume blocks for it. One native call otherwise; no closure.
   private dispatchCall(x: TensorArg, scales: TensorArg, idx: TensorArg, w: TensorArg, T: number, elem: number, align: number,
     handle: number, numSms: number, mode: number, phases: readonly string[]): NativeDispatchOutputs | undefined {
-    const n = this.native;
-    if (this.capturing) return n.dispatch(x, scales, idx, w, T, elem, align, handle, numSms, mode) as NativeDispatchOutputs | undefined;
+    const n = this.native, a = this.f64, at = SCRATCH.args;
+    a[at + DISPATCH_ARG.numTokens] = T;
+    a[at + DISPATCH_ARG.xElemBytes] = elem;
+    a[at + DISPATCH_ARG.expertAlignment] = align;
+    a[at + DISPATCH_ARG.handle] = handle;
+    a[at + DISPATCH_ARG.numSms] = numSms;
+    a[at + DISPATCH_ARG.mode] = mode;
+    if (this.capturing) return n.dispatch(x, scales, idx, w) as NativeDispatchOutputs | undefined;
     const r = this.runner;
     r.enter(EVENTS.dispatch);
     let out: NativeDispatchOutputs | number | undefined;
     try {
-      out = n.dispatch(x, scales, idx, w, T, elem, align, handle, numSms, mode) as NativeDispatchOutputs | number | undefined;
+      out = n.dispatch(x, scales, idx, w) as NativeDispatchOutputs | number | undefined;
       if (out === DISPATCH_PENDING) {
         r.waiting();
         out = n.dispatchResume() as NativeDispatchOutputs | undefined;
@@ -158,8 +172,8 @@ export class RankOps {
     const { hidden, topk } = this.init.buffer;
     const T = c.handle.numTokens;
     const x = new Uint16Array(T * hidden), w = new Float32Array(T * topk);
-    this.run(EVENTS.combine, () => this.native.combine(
-      c.x.data, c.topkWeights, bias[0]?.data, bias[1]?.data, c.handle.id, 0, x, w, c.x.shape[0]!));
+    this.combineArgs(c.handle.id, 0, c.x.shape[0]!);
+    this.run(EVENTS.combine, () => this.native.combine(c.x.data, c.topkWeights, bias[0]?.data, bias[1]?.data, x, w));
     return { x: tensor('bf16', [T, hidden], x), topkWeights: w };
   }
 
@@ -223,12 +237,13 @@ export class RankOps {
     const T = c.handle.numTokens;
     const n = this.native;
     const ox = opts.out ? opts.out.x.ptr : 0n, ow = opts.out ? opts.out.topkWeights.ptr : 0n;
-    if (capturing) n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, ox, ow, c.x.shape[0]!);
+    this.combineArgs(c.handle.id, opts.numSms ?? 0, c.x.shape[0]!);
+    if (capturing) n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, ox, ow);
     else {
       const r = this.runner;
       r.enter(EVENTS.combine);
       try {
-        n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, c.handle.id, opts.numSms ?? 0, ox, ow, c.x.shape[0]!);
+        n.combine(c.x.ptr, c.topkWeights?.ptr, bias[0]?.ptr, bias[1]?.ptr, ox, ow);
       } catch (e) {
         r.fail(e);
       }

@@ -39,7 +39,12 @@ export const DISPATCH_IN_BUFFER = 2;    // device tensors; outputs left in the r
 export const DISPATCH_PENDING = 1;
 
 /** Word indices of a context's scratch (native/src/binding/context.hpp). */
-export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, addresses: 8, tokensPerExpert: 16 } as const;
+export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, addresses: 8, args: 16, tokensPerExpert: 24 } as const;
+/** The numbers of a dispatch call, in the scratch's args words (written just before the call): up to 6
+ *  JS arguments cross Node-API without an allocation, and a number there costs no Node-API call. */
+export const DISPATCH_ARG = { numTokens: 0, xElemBytes: 1, expertAlignment: 2, handle: 3, numSms: 4, mode: 5 } as const;
+/** The numbers of a combine call, in the scratch's args words. */
+export const COMBINE_ARG = { handle: 0, numSms: 1, xRows: 2 } as const;
 /** Words of the abort array the main thread writes (native/src/runtime/abort.hpp). */
 export const ABORT = { failedRank: 0, stopping: 1, reasonBytes: 2, words: 4, maxReason: 1024, bytes: 8192 } as const;
 
@@ -76,13 +81,13 @@ export interface NativeContext {
   destroy(): void;
   barrier(cpuSync: boolean): void;
   allGather(input: TensorArg, bytes: number, output: TensorArg): void;
-  /** Host outputs (mode 0), DISPATCH_PENDING, or undefined (device modes: results in the scratch). */
-  dispatch(x: TensorArg, scales: TensorArg, topkIdx: TensorArg, topkWeights: TensorArg, numTokens: number,
-    xElemBytes: number, expertAlignment: number, handle: number, numSms: number, mode: number): NativeDispatchOutputs | number | undefined;
+  /** Host outputs (mode 0), DISPATCH_PENDING, or undefined (device modes: results in the scratch). Its
+   *  numbers (DISPATCH_ARG: numTokens, xElemBytes, expertAlignment, handle, numSms, mode) are in the scratch. */
+  dispatch(x: TensorArg, scales: TensorArg, topkIdx: TensorArg, topkWeights: TensorArg): NativeDispatchOutputs | number | undefined;
   dispatchResume(): NativeDispatchOutputs | undefined;
-  /** outX = 0n: outputs allocated on the rank's GPU (addresses in the scratch) */
-  combine(x: TensorArg, topkWeights: TensorArg, bias0: TensorArg, bias1: TensorArg, handle: number, numSms: number,
-    outX: TensorArg, outW: TensorArg, xRows: number): void;
+  /** outX = 0n: outputs allocated on the rank's GPU (addresses in the scratch). Its numbers (COMBINE_ARG:
+   *  handle, numSms, xRows) are in the scratch. */
+  combine(x: TensorArg, topkWeights: TensorArg, bias0: TensorArg, bias1: TensorArg, outX: TensorArg, outW: TensorArg): void;
   sessionOpen(maxBytes: number, maxAllGathers: number): void;
   sessionClose(): void;
   sessionAllGather(input: TensorArg, bytes: number, output: TensorArg): void;

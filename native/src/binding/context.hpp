@@ -21,7 +21,12 @@ constexpr int kScratchLayoutId = 0;     // f64: the dispatch's layout id
 constexpr int kScratchNumRecv = 1;      // f64: numRecv, -1 = unknown (no CPU sync)
 constexpr int kScratchGraphOps = 2;     // f64: ops in the graph captureEnd() made
 constexpr int kScratchAddresses = 8;    // u64 [8, 16): x, scales, topkIdx, topkWeights, srcRank, srcToken, out x, out w
-constexpr int kScratchTokensPerExpert = 16;  // f64 [16, 16 + local experts): tokensPerExpert (aligned)
+// f64 [16, 24): the numbers of a dispatch or combine call, written by JS before it (actors/core/addon.ts
+// DISPATCH_ARG, COMBINE_ARG). Up to 6 JS arguments cross Node-API without an allocation
+// (Napi::CallbackInfo), and a number read here costs no Node-API call: 0.49 -> 0.19 us per dispatch
+// call on the development VM (bench/results/native-call-2026-12-01.md).
+constexpr int kScratchArgs = 16;
+constexpr int kScratchTokensPerExpert = 24;  // f64 [24, 24 + local experts): tokensPerExpert (aligned)
 
 class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
  public:

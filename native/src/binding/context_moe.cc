@@ -11,7 +11,8 @@ void ContextWrap::write_counts(const DispatchLayout& l) {
   ops::aligned_tokens_per_expert(l, scratch_f64_ + kScratchTokensPerExpert);
 }
 
-// (x, scales, topkIdx, topkWeights, numTokens, xElemBytes, expertAlignment, handle, numSms, mode)
+// (x, scales, topkIdx, topkWeights); in the scratch's args: numTokens, xElemBytes, expertAlignment,
+// handle, numSms, mode.
 //   mode 0: host tensors, outputs made here (returned); 1: device tensors, outputs allocated on the
 //   rank's GPU after the CPU sync (addresses in the scratch); 2: device tensors, outputs left in the
 //   buffer, no CPU sync. Returns the host outputs (mode 0), 1 = the CPU-sync wait is pending
@@ -21,22 +22,24 @@ Napi::Value ContextWrap::Dispatch(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   if (pending_) throw js_error(env, "STATE", "a dispatch is waiting for its counts: dispatchResume() first");
   const EpConfig& ep = c.cfg.ep;
-  auto p = std::make_unique<PendingDispatch>();
-  DispatchInput& in = p->in;
-  in.num_tokens = int_arg(info[4], "numTokens", 0, ep.max_tokens_per_rank);
-  in.x_elem_bytes = int_arg(info[5], "xElemBytes", 1, 2);
-  in.expert_alignment = int_arg(info[6], "expertAlignment", 1, 1 << 16);
-  in.handle = uint32_t(int_arg(info[7], "handle", 0, UINT32_MAX));
-  in.num_sms = int(int_arg(info[8], "numSms", 0, 1 << 16));
-  p->mode = int(int_arg(info[9], "mode", 0, 2));
-  in.cpu_sync = p->mode != 2;
+  // Here, not on the heap: it moves there only if its CPU-sync wait is pending.
+  PendingDispatch p;
+  DispatchInput& in = p.in;
+  const double* args = scratch_f64_ + kScratchArgs;
+  in.num_tokens = int_of(env, args[0], "numTokens", 0, ep.max_tokens_per_rank);
+  in.x_elem_bytes = int_of(env, args[1], "xElemBytes", 1, 2);
+  in.expert_alignment = int_of(env, args[2], "expertAlignment", 1, 1 << 16);
+  in.handle = uint32_t(int_of(env, args[3], "handle", 0, UINT32_MAX));
+  in.num_sms = int(int_of(env, args[4], "numSms", 0, 1 << 16));
+  p.mode = int(int_of(env, args[5], "mode", 0, 2));
+  in.cpu_sync = p.mode != 2;
   const int64_t T = in.num_tokens, K = ep.topk, H = ep.hidden;
-  const bool device = p->mode != 0;
+  const bool device = p.mode != 0;
   auto tensor = [&](int i, const char* name, int64_t bytes) {
     const Mem r = ref_arg(info[i], name, device ? -1 : bytes);
     if (r && r.device != device)
       throw_einval(env, std::string(name) + (device ? " must be a device tensor" : " must be a host tensor"));
-    if (r && !device) p->keep.push_back(Napi::Persistent(info[i]));
+    if (r && !device) p.keep.push_back(Napi::Persistent(info[i]));
     return r;
   };
   in.x = tensor(0, "x", T * H * in.x_elem_bytes);
@@ -45,12 +48,12 @@ Napi::Value ContextWrap::Dispatch(const Napi::CallbackInfo& info) {
   in.topk_weights = tensor(3, "topkWeights", T * K * 4);
   if (!in.x && T > 0) throw_einval(env, "x is required");
   return guarded(env, [&]() -> Napi::Value {
-    p->layout = ops::dispatch_begin(c, in);
-    if (p->mode != 2 && !ops::dispatch_counts(c, *p->layout, /*block=*/false)) {
-      pending_ = std::move(p);
+    p.layout = ops::dispatch_begin(c, in);
+    if (p.mode != 2 && !ops::dispatch_counts(c, *p.layout, /*block=*/false)) {
+      pending_ = std::make_unique<PendingDispatch>(std::move(p));
       return Napi::Number::New(env, 1);
     }
-    return finish_dispatch(env, *p);
+    return finish_dispatch(env, p);
   });
 }
 
@@ -121,19 +124,21 @@ Napi::Value ContextWrap::finish_dispatch(Napi::Env env, PendingDispatch& p) {
   return o;
 }
 
-// (x, topkWeights, bias0, bias1, handle, numSms, outX, outW, xRows): host typed arrays, or device
-// addresses (outX = 0n: the outputs are allocated on the rank's GPU, addresses in the scratch).
+// (x, topkWeights, bias0, bias1, outX, outW): host typed arrays, or device addresses (outX = 0n: the
+// outputs are allocated on the rank's GPU, addresses in the scratch); in the scratch's args: handle,
+// numSms, xRows.
 Napi::Value ContextWrap::Combine(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  const uint32_t handle = uint32_t(int_arg(info[4], "handle", 0, UINT32_MAX));
-  const int num_sms = int(int_arg(info[5], "numSms", 0, 1 << 16));
+  const double* args = scratch_f64_ + kScratchArgs;
+  const uint32_t handle = uint32_t(int_of(env, args[0], "handle", 0, UINT32_MAX));
+  const int num_sms = int(int_of(env, args[1], "numSms", 0, 1 << 16));
   const EpConfig& ep = c.cfg.ep;
   const int64_t K = ep.topk, H = ep.hidden;
   const bool device = info[0].IsBigInt();
   auto l = guarded(env, [&] { return ops::handle_layout(c, handle, "input.handle"); });
   const int64_t T = l->num_tokens;
-  const int64_t x_rows = device ? int_arg(info[8], "x rows", 0, INT32_MAX) : -1;
+  const int64_t x_rows = device ? int_of(env, args[2], "x rows", 0, INT32_MAX) : -1;
   if (device) {
     // Without a CPU sync the received count is unknown here: x must have room for every row that can come.
     const int64_t need = l->counts_known ? l->num_recv : int64_t(c.world()) * ep.max_tokens_per_rank;
@@ -156,10 +161,10 @@ Napi::Value ContextWrap::Combine(const Napi::CallbackInfo& info) {
   in.bias[0] = tensor(2, "bias[0]", T * H * 2);
   in.bias[1] = tensor(3, "bias[1]", T * H * 2);
   CombineOutput out;
-  const bool alloc = device && info[6].IsBigInt() && address_arg(info[6], "out.x") == 0;
+  const bool alloc = device && info[4].IsBigInt() && address_arg(info[4], "out.x") == 0;
   if (!alloc) {
-    out.x = tensor(6, "out.x", T * H * 2);
-    out.topk_weights = tensor(7, "out.topkWeights", T * K * 4);
+    out.x = tensor(4, "out.x", T * H * 2);
+    out.topk_weights = tensor(5, "out.topkWeights", T * K * 4);
     if (!out.x || !out.topk_weights) throw_einval(env, "combine needs out.x and out.topkWeights");
   }
   guarded(env, [&] {

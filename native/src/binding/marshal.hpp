@@ -42,14 +42,20 @@ auto guarded(Napi::Env env, F&& f) -> decltype(f()) {
   }
 }
 
-// An integer argument: a finite number with no fraction, in [lo, hi]; `name` is in the message.
-inline int64_t int_arg(const Napi::Value& v, const char* name, int64_t lo = INT64_MIN / 2, int64_t hi = INT64_MAX / 2) {
-  if (!v.IsNumber()) throw_einval(v.Env(), std::string(name) + " must be a number");
-  const double d = v.As<Napi::Number>().DoubleValue();
+// A number that must be an integer in [lo, hi]; `name` is in the message.
+inline int64_t int_of(Napi::Env env, double d, const char* name, int64_t lo = INT64_MIN / 2, int64_t hi = INT64_MAX / 2) {
   if (!std::isfinite(d) || d != std::floor(d) || d < double(lo) || d > double(hi))
-    throw_einval(v.Env(), std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " +
-                              std::to_string(hi) + "] (got " + v.ToString().Utf8Value() + ")");
+    throw_einval(env, std::string(name) + " must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                          "] (got " + Napi::Number::New(env, d).ToString().Utf8Value() + ")");
   return int64_t(d);
+}
+
+// An integer argument: a finite number with no fraction, in [lo, hi]; `name` is in the message.
+// One Node-API call on the way that succeeds (napi_get_value_double refuses what is not a number).
+inline int64_t int_arg(const Napi::Value& v, const char* name, int64_t lo = INT64_MIN / 2, int64_t hi = INT64_MAX / 2) {
+  double d = 0;
+  if (napi_get_value_double(v.Env(), v, &d) != napi_ok) throw_einval(v.Env(), std::string(name) + " must be a number");
+  return int_of(v.Env(), d, name, lo, hi);
 }
 
 // A property of a config object: an integer, or `fallback` when absent.
@@ -85,13 +91,17 @@ inline uint8_t* bytes_of(const Napi::TypedArray& ta) {
 }
 
 // A tensor argument: a typed array (host memory, length checked when expect_bytes >= 0), a BigInt
-// (a device address; 0n = absent), or undefined / null (absent).
+// (a device address; 0n = absent), or undefined / null (absent). A device address takes two Node-API
+// calls (its type, its value).
 inline Mem ref_arg(const Napi::Value& v, const char* name, int64_t expect_bytes = -1) {
-  if (v.IsUndefined() || v.IsNull()) return Mem{};
-  if (v.IsBigInt()) {
+  napi_valuetype type = napi_undefined;
+  if (napi_typeof(v.Env(), v, &type) != napi_ok) throw_einval(v.Env(), std::string(name) + ": cannot read its type");
+  if (type == napi_undefined || type == napi_null) return Mem{};
+  if (type == napi_bigint) {
     bool lossless = true;
-    const uint64_t p = v.As<Napi::BigInt>().Uint64Value(&lossless);
-    if (!lossless) throw_einval(v.Env(), std::string(name) + " is not a device address");
+    uint64_t p = 0;
+    if (napi_get_value_bigint_uint64(v.Env(), v, &p, &lossless) != napi_ok || !lossless)
+      throw_einval(v.Env(), std::string(name) + " is not a device address");
     return Mem{reinterpret_cast<void*>(uintptr_t(p)), true};
   }
   if (!v.IsTypedArray()) throw_einval(v.Env(), std::string(name) + " must be a typed array or a device tensor's address");
