@@ -61,6 +61,8 @@ export type WorkerMessage =
 
 /** A worker waits at most this long before it reports what it queued (a reply never waits: it flushes first). */
 export const REPORT_BATCH_MS = 1;
+/** ...or until it holds this many transitions, whichever comes first (workers/runner.ts queued). */
+export const MAX_BATCH_RECORDS = 4096;
 
 export const isWorkerMessage = (m: unknown): m is WorkerMessage =>
   typeof m === 'object' && m !== null && typeof (m as { kind?: unknown }).kind === 'string' && !('id' in m);

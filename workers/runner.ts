@@ -7,7 +7,7 @@ import { createActor, type Actor, type InspectionEvent, type StateValue } from '
 
 import { isRefusal, rankMachine, statePath, type FailureInfo, type OpName, type RankEvent } from '../machines/index.js';
 import { RankflowError } from '../actors/core/errors.js';
-import { REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
+import { MAX_BATCH_RECORDS, REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 import { TransitionLog } from './transition-log.js';
 
 // The thread's time origin is fixed: read once (its getter costs a brand check per transition).
@@ -136,6 +136,8 @@ export class RankRunner {
   private readonly outbox: WorkerMessage[] = [];
   private timer: ReturnType<typeof setTimeout> | undefined;
   private readonly flushSoon = () => this.flush();
+  /** when the batch being queued began (ms, the records' clock) */
+  private batchFrom = 0;
   /** the native context's sequence number (a refused op may or may not have taken one) */
   nativeSeq?: () => number;
   /** native seq - the machine's, fixed once the rank is registered (registering takes a native number) */
@@ -355,8 +357,9 @@ export class RankRunner {
   }
 
   private record(from: number, to: number, event: number, op: number, phases: number): void {
-    this.log.push(from, to, event, now(), this.seqNow, op, phases);
-    this.timer ??= setTimeout(this.flushSoon, REPORT_BATCH_MS);
+    const at = now();
+    this.log.push(from, to, event, at, this.seqNow, op, phases);
+    this.queued(at);
   }
 
   /** Reports are batched for up to REPORT_BATCH_MS; a comlink reply flushes first (rank.ts). */
@@ -364,7 +367,22 @@ export class RankRunner {
     const t = this.log.take();
     if (t) this.outbox.push(t);
     this.outbox.push(m);
-    this.timer ??= setTimeout(this.flushSoon, REPORT_BATCH_MS);
+    this.queued(now());
+  }
+
+  /**
+   * Something was queued at `at`: the first of a batch starts its timer. A rank program whose awaits
+   * are all already resolved never lets the timer run (microtasks only), so the batch is also sent
+   * here once it is REPORT_BATCH_MS old or MAX_BATCH_RECORDS long: the main thread sees such a loop's
+   * transitions as it runs, and the worker does not keep them all.
+   */
+  private queued(at: number): void {
+    if (this.timer === undefined) {
+      this.timer = setTimeout(this.flushSoon, REPORT_BATCH_MS);
+      this.batchFrom = at;
+    } else if (at - this.batchFrom >= REPORT_BATCH_MS || this.log.size >= MAX_BATCH_RECORDS || this.outbox.length >= MAX_BATCH_RECORDS) {
+      this.flush();
+    }
   }
 
   flush(): void {
