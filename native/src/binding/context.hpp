@@ -23,8 +23,8 @@ constexpr int kScratchGraphOps = 2;     // f64: ops in the graph captureEnd() ma
 constexpr int kScratchAddresses = 8;    // u64 [8, 16): x, scales, topkIdx, topkWeights, srcRank, srcToken, out x, out w
 // f64 [16, 24): the numbers of a dispatch or combine call, written by JS before it (actors/core/addon.ts
 // DISPATCH_ARG, COMBINE_ARG). Up to 6 JS arguments cross Node-API without an allocation
-// (Napi::CallbackInfo), and a number read here costs no Node-API call: 0.49 -> 0.19 us per dispatch
-// call on the development VM (bench/results/native-call-2026-12-01.md).
+// (Napi::CallbackInfo), and a number read here costs no Node-API call: a dispatch's arguments took
+// 0.24 us per call before, 0.11 now, on the development VM (bench/results/native-call-2026-12-01.md).
 constexpr int kScratchArgs = 16;
 constexpr int kScratchTokensPerExpert = 24;  // f64 [24, 24 + local experts): tokensPerExpert (aligned)
 
