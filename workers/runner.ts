@@ -136,8 +136,7 @@ export class RankRunner {
   private readonly outbox: WorkerMessage[] = [];
   private timer: ReturnType<typeof setTimeout> | undefined;
   private readonly flushSoon = () => this.flush();
-  /** when the batch being queued began (ms, the records' clock) */
-  private batchFrom = 0;
+  private batchFrom = 0;  // when the batch being queued began (ms, the records' clock)
   /** the native context's sequence number (a refused op may or may not have taken one) */
   nativeSeq?: () => number;
   /** native seq - the machine's, fixed once the rank is registered (registering takes a native number) */
@@ -370,12 +369,7 @@ export class RankRunner {
     this.queued(now());
   }
 
-  /**
-   * Something was queued at `at`: the first of a batch starts its timer. A rank program whose awaits
-   * are all already resolved never lets the timer run (microtasks only), so the batch is also sent
-   * here once it is REPORT_BATCH_MS old or MAX_BATCH_RECORDS long: the main thread sees such a loop's
-   * transitions as it runs, and the worker does not keep them all.
-   */
+  // Queued at `at`: a batch's first starts its timer; a program that never yields (microtasks only) never runs it, so the batch also goes from here once REPORT_BATCH_MS old or MAX_BATCH_RECORDS long.
   private queued(at: number): void {
     if (this.timer === undefined) {
       this.timer = setTimeout(this.flushSoon, REPORT_BATCH_MS);
