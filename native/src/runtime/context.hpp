@@ -41,11 +41,11 @@ struct DispatchLayout {
   // keeps its old state for the backend to take over or replace (Backend::dispatch_notify, adopt_routing).
   std::unique_ptr<LayoutState> state;
 
-  // Everything as a new layout has it, but the backend's state is kept for reuse.
+  // Everything as a new layout has it (the defaults above), but the backend's state is kept for reuse.
   void reset_for_reuse() {
-    counts.reset();
-    id = 0, seq = 0, fingerprint = 0, num_tokens = 0, expert_alignment = 1, num_recv = 0;
-    counts_known = false, complete = false;
+    std::unique_ptr<LayoutState> kept = std::move(state);
+    *this = DispatchLayout{};
+    state = std::move(kept);
   }
 };
 
