@@ -63,7 +63,7 @@ async function cudaRun() {
       const figures = per[0]!.map((f, i) => {
         const all = per.map((r) => r[i]!);
         const m = (k: keyof HotFigure) => (f[k] === undefined ? undefined : Math.max(...all.map((x) => x[k] as number)));
-        return { ...f, call_p50_us: m('call_p50_us'), call_p99_us: m('call_p99_us'), loop_us: m('loop_us'), device_us: m('device_us'), b2b_device_us: m('b2b_device_us'), host_us: m('host_us') } as HotFigure;
+        return { ...f, call_p50_us: m('call_p50_us'), call_p99_us: m('call_p99_us'), loop_us: m('loop_us'), device_us: m('device_us'), b2b_device_us: m('b2b_device_us'), host_us: m('host_us'), cpu_ref_us: m('cpu_ref_us') } as HotFigure;
       });
       const driverBarrierP50 = await driverBarrier(g);
       const dev = (await g.info(0)).device;  // rank 0's kernel launches: through the kept graphs or not (launch.hpp)
@@ -86,10 +86,10 @@ function printCuda(r: Awaited<ReturnType<typeof cudaRun>>) {
   const f1 = (x: number | undefined) => (x === undefined ? '-' : x.toFixed(1));
   const torch = r.torch as { figures?: Array<{ op: string; tokens: number; device_us: number }>; trivial_op_host_us?: number } | null;
   for (const [name, g] of Object.entries(r.groups)) {
-    console.log(`\n${name} (µs; call = awaited call + stream sync, p50/p99; submit = the awaited call alone, p50; loop = per call of ${iters} back to back; device = CUDA events around the launches, in a pass of their own with rank.timeOps(true), median; b2b = device per op between events around ${iters} ops back to back, as torch's figures below)`);
-    console.log(`${'op'.padEnd(44)} ${'tokens'.padStart(6)} ${'call p50'.padStart(9)} ${'p99'.padStart(8)} ${'submit'.padStart(7)} ${'loop'.padStart(8)} ${'device'.padStart(8)} ${'b2b'.padStart(7)} ${'host'.padStart(7)}`);
+    console.log(`\n${name} (µs; call = awaited call + stream sync, p50/p99; submit = the awaited call alone, p50; loop = per call of ${iters} back to back; device = CUDA events around the launches, in a pass of their own with rank.timeOps(true), median; b2b = device per op between events around ${iters} ops back to back, as torch's figures below; cpu ref = µs of a fixed JavaScript loop on the rank's thread just before the op's figures, the host's speed then)`);
+    console.log(`${'op'.padEnd(44)} ${'tokens'.padStart(6)} ${'call p50'.padStart(9)} ${'p99'.padStart(8)} ${'submit'.padStart(7)} ${'loop'.padStart(8)} ${'device'.padStart(8)} ${'b2b'.padStart(7)} ${'host'.padStart(7)} ${'cpu ref'.padStart(8)}`);
     for (const f of g.figures)
-      console.log(`${f.op.padEnd(44)} ${String(f.tokens ?? '').padStart(6)} ${f1(f.call_p50_us).padStart(9)} ${f1(f.call_p99_us).padStart(8)} ${f1(f.submit_p50_us).padStart(7)} ${f1(f.loop_us).padStart(8)} ${f1(f.device_us).padStart(8)} ${f1(f.b2b_device_us).padStart(7)} ${f1(f.host_us).padStart(7)}`);
+      console.log(`${f.op.padEnd(44)} ${String(f.tokens ?? '').padStart(6)} ${f1(f.call_p50_us).padStart(9)} ${f1(f.call_p99_us).padStart(8)} ${f1(f.submit_p50_us).padStart(7)} ${f1(f.loop_us).padStart(8)} ${f1(f.device_us).padStart(8)} ${f1(f.b2b_device_us).padStart(7)} ${f1(f.host_us).padStart(7)} ${f1(f.cpu_ref_us).padStart(8)}`);
     console.log(`${'driver-mode barrier (group.barrier)'.padEnd(44)} ${''.padStart(6)} ${f1(g.driverBarrierP50).padStart(9)}`);
     if (g.launches) console.log(`rank 0's kernel launches: ${g.launches.graph} through kept graphs, ${g.launches.direct} direct; ${g.launches.fusedDispatches} dispatches without a CPU sync as one kernel (RANKFLOW_FUSED_DISPATCH)`);
   }

@@ -6,13 +6,31 @@
 // and for the dispatches with outputs in the buffer `b2b` = device µs per op between two events around
 // `iters` ops back to back (rank.timeIt: torch's way in bench/index_select.py, launch latency hidden)
 // and a combine (device µs per replay from events around `iters` replays, host µs per replay() call),
-// and the 4096-token dispatch with outputs in the buffer.
+// and the 4096-token dispatch with outputs in the buffer. `cpu_ref` = µs of a fixed piece of JavaScript on
+// the rank's thread just before the op's figures (median of 7): the host's speed at that time, which moves
+// by up to ~1.5x from run to run on the one-H200 machine (bench/results/hot-path-ab-2026-12-02.md).
 import type { RankProgramHandle } from '../../actors/index.js';
 
 export interface HotPathArgs { hidden: number; topk: number; experts: number; tokens: number[]; iters: number; warmup: number }
-export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; submit_p50_us?: number; loop_us?: number; device_us?: number; b2b_device_us?: number; host_us?: number }
+export interface HotFigure { op: string; tokens?: number; call_p50_us?: number; call_p99_us?: number; submit_p50_us?: number; loop_us?: number; device_us?: number; b2b_device_us?: number; host_us?: number; cpu_ref_us?: number }
 
 const p = (xs: number[], q: number) => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor(xs.length * q))]!;
+
+const refData = new Float64Array(1024);
+let refSink = 0;
+/** µs of a fixed arithmetic loop on this thread (median of 7): what the CPU gives this thread now. */
+function cpuRef(): number {
+  const us: number[] = [];
+  for (let r = 0; r < 7; r++) {
+    const t0 = performance.now();
+    let acc = 0;
+    for (let pass = 0; pass < 20; pass++)
+      for (let i = 0; i < refData.length; i++) acc += (refData[i] = refData[i]! * 0.5 + i) * 1e-9;
+    refSink += acc;
+    us.push((performance.now() - t0) * 1e3);
+  }
+  return p(us, 0.5);
+}
 
 function lcg(seed: number): () => number {
   let s = seed >>> 0;
@@ -22,6 +40,7 @@ function lcg(seed: number): () => number {
 export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPathArgs): Promise<HotFigure[]> {
   const out: HotFigure[] = [];
   const now = () => performance.now() * 1e3;
+  for (let i = 0; i < 5; i++) cpuRef();  // optimised before its first figure (interpreted, it is ~40x slower)
 
   /** µs of awaited calls, each followed by `after` (`us`), and of the awaited call alone (`submit`), after warm-up. */
   async function timed(fn: () => Promise<unknown>, after: () => Promise<unknown> = async () => {}): Promise<{ us: number[]; submit: number[] }> {
@@ -65,16 +84,18 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
     return ms * 1e3;
   }
   async function op(name: string, tokens: number, fn: () => Promise<unknown>, backToBack = false) {
+    const cpu_ref_us = cpuRef();
     const { us: calls, submit } = await timed(fn, () => rank.sync());
     out.push({
-      op: name, tokens, call_p50_us: p(calls, 0.5), call_p99_us: p(calls, 0.99), submit_p50_us: p(submit, 0.5), loop_us: await loop(fn),
+      op: name, tokens, cpu_ref_us, call_p50_us: p(calls, 0.5), call_p99_us: p(calls, 0.99), submit_p50_us: p(submit, 0.5), loop_us: await loop(fn),
       device_us: await device(fn), ...(backToBack ? { b2b_device_us: await b2b(fn) } : {}),
     });
   }
 
   for (const [name, fn] of [['barrier', () => rank.barrier()], ['barrier (CPU sync)', () => rank.barrier({ withCpuSync: true })]] as const) {
+    const cpu_ref_us = cpuRef();
     const { us } = await timed(fn);
-    out.push({ op: name, call_p50_us: p(us, 0.5), call_p99_us: p(us, 0.99) });
+    out.push({ op: name, cpu_ref_us, call_p50_us: p(us, 0.5), call_p99_us: p(us, 0.99) });
   }
 
   for (const T of a.tokens) {
@@ -115,6 +136,7 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
         const k = await rank.dispatch({ x, handle: d0.handle }, { outputsInBuffer: true });
         await rank.combine({ x: cx, handle: k.handle });
       });
+      const cpu_ref_us = cpuRef();
       for (let i = 0; i < a.warmup; i++) await g.replay();
       await rank.sync();
       await rank.barrier();
@@ -129,7 +151,7 @@ export default async function hotPath(rank: RankProgramHandle<'cuda'>, a: HotPat
         if (i % 16 === 15) await rank.sync();  // keep the queue short
       }
       await rank.sync();
-      out.push({ op: 'graph replay (cached dispatch + combine)', tokens: T, device_us: ms * 1e3, host_us: host / a.iters });
+      out.push({ op: 'graph replay (cached dispatch + combine)', tokens: T, cpu_ref_us, device_us: ms * 1e3, host_us: host / a.iters });
       g.free();
     }
     d0.free();
