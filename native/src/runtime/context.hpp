@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <numeric>
 #include <unordered_map>
 #include <vector>
 
@@ -40,6 +41,13 @@ struct DispatchLayout {
   // The backend's part (routing, device memory). A layout reused for a new handle (Context::add_layout)
   // keeps its old state for the backend to take over or replace (Backend::dispatch_notify, adopt_routing).
   std::unique_ptr<LayoutState> state;
+
+  // The counts the CPU got (a backend's dispatch_counts): num_recv is their sum over the ranks.
+  void set_counts(std::shared_ptr<const RecvCounts> k) {
+    num_recv = std::accumulate(k->per_rank.begin(), k->per_rank.end(), int64_t(0));
+    counts = std::move(k);
+    counts_known = true;
+  }
 
   // Everything as a new layout has it (the defaults above), but the backend's state is kept for reuse.
   void reset_for_reuse() {

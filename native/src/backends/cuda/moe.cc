@@ -228,14 +228,11 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
   auto k = std::make_shared<RecvCounts>();
   k->per_rank.assign(size_t(W), 0);
   k->per_expert.assign(size_t(epr), 0);
-  l.num_recv = 0;
   for (int p = 0; p < W; ++p) {
     k->per_rank[size_t(p)] = int64_t(words[2 * p + 1]);
-    l.num_recv += k->per_rank[size_t(p)];
     for (int64_t e = 0; e < epr; ++e) k->per_expert[size_t(e)] += int64_t(words[2 * (W + p * epr + e) + 1]);
   }
-  l.counts = std::move(k);
-  l.counts_known = true;
+  l.set_counts(std::move(k));
   return true;
 }
 

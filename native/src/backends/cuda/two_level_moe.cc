@@ -249,11 +249,9 @@ void CudaBackend::two_level_counts(DispatchLayout& l) {
   const int W = world(), j = c_.nodes.local;
   auto k = std::make_shared<RecvCounts>();
   k->per_rank.assign(size_t(W), 0);
-  l.num_recv = 0;
-  for (int s = 0; s < W; ++s) l.num_recv += k->per_rank[size_t(s)] = two.count[size_t(j * W + s)];
+  for (int s = 0; s < W; ++s) k->per_rank[size_t(s)] = two.count[size_t(j * W + s)];
   k->per_expert = two.tokens_per_expert;
-  l.counts = std::move(k);
-  l.counts_known = true;
+  l.set_counts(std::move(k));
 }
 
 }  // namespace rankflow::cuda

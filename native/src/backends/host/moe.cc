@@ -98,19 +98,15 @@ bool HostBackend::dispatch_counts(DispatchLayout& l, bool block) {
   auto k = std::make_shared<RecvCounts>();
   k->per_rank.assign(size_t(W), 0);
   k->per_expert.assign(size_t(epr), 0);
-  l.num_recv = 0;
-  for (int p = 0; p < W; ++p) {
+  for (int p = 0; p < W; ++p)
     k->per_rank[size_t(p)] = int64_t(wait_slot(my_slot(c_.ws.rank_count, p), l.seq,
                                                WaitSite{kPhaseNotify, p, "rank_count"}, WaitKind::Cpu, true));
-    l.num_recv += k->per_rank[size_t(p)];
-  }
   for (int64_t e = 0; e < epr; ++e)
     for (int p = 0; p < W; ++p)
       k->per_expert[size_t(e)] += int64_t(wait_slot(workspace() + c_.ws.expert_slot(p, int32_t(e)), l.seq,
                                                     WaitSite{kPhaseNotify, p, "expert_count", int(e)},
                                                     WaitKind::Cpu, true));
-  l.counts = std::move(k);
-  l.counts_known = true;
+  l.set_counts(std::move(k));
   return true;
 }
 
