@@ -8,7 +8,7 @@
 // and a combine (device µs per replay from events around `iters` replays, host µs per replay() call),
 // and the 4096-token dispatch with outputs in the buffer. `cpu_ref` = µs of a fixed piece of JavaScript on
 // the rank's thread just before the op's figures (median of 7): the host's speed at that time, which moves
-// by up to ~1.5x from run to run on the one-H200 machine (bench/results/hot-path-ab-2026-12-02.md).
+// by up to ~2x from run to run on the one-H200 machine (bench/results/hot-path-ab-2026-12-02.md).
 import type { RankProgramHandle } from '../../actors/index.js';
 
 export interface HotPathArgs { hidden: number; topk: number; experts: number; tokens: number[]; iters: number; warmup: number }
