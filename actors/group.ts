@@ -28,7 +28,7 @@ import { planGroup, type GroupOptions, type GroupPlan } from './options.js';
 import { RankHandle, Ranks } from './ranks.js';
 import { Session } from './session.js';
 import { startRanks } from './startup.js';
-import { runUntilAborted } from './run-signal.js';
+import { runPrograms, type RunDeps } from './run.js';
 
 export type { GroupOptions, RankSnapshot, TrafficReport };
 export { RankHandle, Session };
@@ -312,17 +312,14 @@ export class Group extends EventEmitter<GroupEvents> {
     } catch (e) {
       return Promise.reject(e);
     }
-    const url = moduleUrl.toString();
-    if (!signal) return this.collective(['ready'], () => this.workers.all((api) => api.run(url, args) as Promise<T>));
-    return this.runUnless(url, args, signal);
+    return runPrograms<T>(this.runDeps, moduleUrl.toString(), args, signal);
   }
   private runs = 0;
-
-  private runUnless<T>(url: string, args: unknown, signal: AbortSignal): Promise<T[]> {
-    return runUntilAborted<T>({
-      queue: (body) => this.collective(['ready'], body), workers: this.workers, nextId: () => ++this.runs,
-      failed: () => this.ranks.some((h) => h.error), url, args, signal,
-    });
+  private get runDeps(): RunDeps {
+    return {
+      queue: (body) => this.collective(['ready'], body), workers: this.workers, rankOffset: this.rankOffset, nextId: () => ++this.runs,
+      destroying: () => this.destroying,
+    };
   }
 
   /**

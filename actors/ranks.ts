@@ -11,7 +11,8 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
 import { PACKAGE_ROOT } from './core/config.js';
 import { RankflowError } from './core/errors.js';
-import { ABORT, TRAFFIC } from './core/addon.js';
+import { TRAFFIC } from './core/addon.js';
+import { AbortWords } from './core/abort-words.js';
 import { HandleRegistry } from './core/handles.js';
 import { startWorker } from './core/worker-argv.js';
 import type { FailureInfo } from '../machines/index.js';
@@ -46,7 +47,8 @@ export interface Member {
   api: Comlink.Remote<RankWorkerApi>;
   /** the rank's abort words (a SharedArrayBuffer its native waits and kernels read) */
   abort: SharedArrayBuffer;
-  abortWords?: Int32Array;
+  /** the words, once the worker said where they start in `abort` */
+  abortWords?: AbortWords;
   /** the dispatch handles this rank returned to the caller: driver mode refuses any other */
   handles: HandleRegistry;
   /** rejects with RANK_FAILED when the worker exits */
@@ -138,7 +140,7 @@ export class Ranks {
   private onWorkerMessage(m: WorkerMessage, local: number): void {
     if (m.kind === 'started') {
       const member = this.members[local];
-      if (member) member.abortWords = new Int32Array(member.abort, m.abortOffset, ABORT.words + ABORT.maxReason / 4);
+      if (member) member.abortWords = new AbortWords(member.abort, m.abortOffset);
     } else if (m.kind === 'transitions') {
       let d = this.decoders.get(m.rank);
       if (!d) this.decoders.set(m.rank, (d = new TransitionDecoder()));
@@ -151,6 +153,7 @@ export class Ranks {
   private onTransition(t: TransitionEvent): void {
     const handle = this.handles[t.rank - this.rankOffset]!;
     if (handle.terminated) return;
+    // A released op (the run's release) leaves the rank alive: the group re-synchronises it after the run.
     handle.state = t.to;
     if (t.seq !== undefined) handle.seq = t.seq;
     this.events.emit('transition', t);
@@ -200,14 +203,7 @@ export class Ranks {
    * by their kernels, also while the worker's thread is blocked in an op), and their machines record it.
    */
   private tellPeerFailed(m: Member, failed: number, info: FailureInfo): void {
-    const w = m.abortWords;
-    if (w && Atomics.load(w, ABORT.failedRank) === 0) {
-      // The reason first (the native side reads it after it sees the failed rank), then the rank.
-      const reason = new TextEncoder().encode(info.message).subarray(0, ABORT.maxReason);
-      new Uint8Array(w.buffer, w.byteOffset + ABORT.words * 4, ABORT.maxReason).set(reason);
-      Atomics.store(w, ABORT.reasonBytes, reason.length);
-      Atomics.store(w, ABORT.failedRank, failed + 1);
-    }
+    m.abortWords?.fail(failed, info.message);
     try {
       void m.api.peerFailed(info).catch(() => {});
     } catch {
@@ -217,7 +213,26 @@ export class Ranks {
 
   /** The rank is being torn down: whatever it waits for, it stops waiting. */
   private stopRank(m: Member): void {
-    if (m.abortWords) Atomics.store(m.abortWords, ABORT.stopping, 1);
+    m.abortWords?.stop();
+  }
+
+  /**
+   * A rank program ended (rank `origin`, global id; `message` says how): every local rank's ops
+   * numbered `above` and later end with ABORTED, whatever they wait in (1n: every op). A release only
+   * grows (AbortWords.release).
+   */
+  release(origin: number, above: bigint, message: string): void {
+    for (const m of this.members) m.abortWords?.release(origin, above, message);
+  }
+
+  /** Whether a release is raised on any local rank. */
+  get released(): boolean {
+    return this.members.some((m) => (m.abortWords?.releasedAbove ?? 0n) !== 0n);
+  }
+
+  /** The run is over and its ranks are back in step: their ops run again. */
+  clearReleases(): void {
+    for (const m of this.members) m.abortWords?.clearRelease();
   }
 
   /**
@@ -262,15 +277,21 @@ export class Ranks {
       h.state = 'failed';
     }
     this.stopRank(m);
-    m.worker.ref();  // the process waits for the worker's end it awaits
-    await m.worker.terminate();
-    await m.gone.catch(() => {});
+    // The process waits for the end it awaits: a worker's ref alone does not hold it (a call cut short
+    // by the failure above unrefs the worker when it settles).
+    await holdProcess((async () => {
+      await m.worker.terminate();
+      await m.gone.catch(() => {});
+    })());
   }
 
   /** Every rank ends 'destroyed': asked to destroy its context, then its worker is terminated. */
   async destroy(): Promise<void> {
     this.stopping = true;
-    await Promise.all(this.members.map(async (m, r) => {
+    // A rank with a call in flight (a run, a collective) stops waiting now, so that its program ends
+    // and its thread takes the destroy; an idle rank tears down through its machine.
+    for (const m of this.members) if (m.busy > 0) this.stopRank(m);
+    await holdProcess(Promise.all(this.members.map(async (m, r) => {
       if (!this.handles[r]!.exited) {
         const timer = new Promise<void>((resolve) => setTimeout(resolve, DESTROY_GRACE_MS).unref());
         await Promise.race([this.call(r, (api) => api.destroy()).catch(() => {}), timer]);
@@ -286,6 +307,12 @@ export class Ranks {
         h.state = 'destroyed';
         this.events.emit('transition', { rank: h.rank, from, to: 'destroyed', event: 'TERMINATED', at: performance.timeOrigin + performance.now() });
       }
-    }));
+    })));
   }
+}
+
+/** `p`, keeping the process alive until it settles (a pending promise alone does not). */
+function holdProcess<T>(p: Promise<T>): Promise<T> {
+  const timer = setInterval(() => {}, 1 << 30);
+  return p.finally(() => clearInterval(timer));
 }

@@ -106,13 +106,16 @@ __device__ __noinline__ void record_timeout(Control* ctl, Phase phase, int peer,
 }
 
 // Whether to stop waiting: another wait of this rank gave up (device flag), or the main thread raised
-// the rank's abort words (a peer failed, the rank is torn down; a read of mapped host memory, so
-// only every few µs: kGiveUpCheckNs).
+// the rank's abort words (a peer failed, the rank is torn down, or the run released this op: a rank
+// program ended; a read of mapped host memory, so only every few µs: kGiveUpCheckNs). The release is
+// one 64-bit word, read at once (protocol.hpp AbortWords).
 __device__ __forceinline__ bool should_give_up(const RankArgs& a) {
   if (gave_up(a.arrivals)) return true;
   if (a.abort == nullptr) return false;
   const volatile int32_t* w = a.abort;
-  return w[0] != 0 || w[1] != 0;
+  if (w[AbortWords::kFailedRank] != 0 || w[AbortWords::kStopping] != 0) return true;
+  const uint64_t released_above = *reinterpret_cast<const volatile uint64_t*>(w + AbortWords::kReleasedAbove);
+  return released_op(released_above, op_seq(a));
 }
 
 __device__ __forceinline__ void mark_gave_up(const RankArgs& a) {

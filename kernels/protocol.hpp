@@ -105,13 +105,37 @@ struct Control {
                            // kBadHandle: a peer replays another dispatch's handle (bad_value = peer)
   int64_t bad_value;       // the id, or the peer
   uint64_t completed_seq;  // GPU -> CPU: the last op whose final kernel ran to its end (barrier)
-  int32_t abort_mirror[4]; // the abort words, copied here by the CPU where the GPU cannot map them
+  int32_t abort_mirror[8]; // the abort words (AbortWords), copied here by the CPU where the GPU cannot map them
   uint64_t synced_seq;     // stream -> CPU: the last stream wait reached (cuda: a stream memory op writes it)
-  uint64_t pad[3];
+  uint64_t pad[1];
 };
 constexpr int64_t kBadHandle = -2;
-// The abort words (runtime/abort.hpp): [0] failed rank + 1, [1] stopping; either non-zero = give up.
-constexpr int kAbortWords = 4;
+
+// The abort words: int32 words in a SharedArrayBuffer that the main thread writes (Atomics) and every
+// wait of the rank reads, natively and in its kernels (runtime/abort.hpp; actors/core/addon.ts ABORT
+// is generated from this, test/abi.test.ts compares). Two ways to end a rank's waits:
+// - a failure (a peer died, the rank is torn down): kFailedRank or kStopping; the rank is done;
+// - a release (a rank program threw, or returned while its peers still wait): ops with a sequence
+//   number >= the u64 at kReleasedAbove give up (1: every op; a program that returned after op S
+//   releases S + 1 and later, which it will never enter); the rank lives on and is re-synchronised.
+// The reasons' UTF-8 text follows the words: the failure's at kFailureReasonAt, the release's at
+// kReleaseReasonAt, each written with its length before the word that raises it.
+struct AbortWords {
+  static constexpr int kFailedRank = 0;          // failed rank + 1; 0 = none
+  static constexpr int kStopping = 1;            // non-zero: the rank is being torn down
+  static constexpr int kFailureReasonBytes = 2;
+  static constexpr int kReleaseOrigin = 3;       // the rank whose program ended the run + 1
+  static constexpr int kReleasedAbove = 4;       // u64 (words 4-5, 8-byte aligned): 0 = not released
+  static constexpr int kReleaseReasonBytes = 6;
+  static constexpr int kWords = 8;
+  static constexpr int kMaxReason = 1024;
+  static constexpr int kFailureReasonAt = kWords * 4;                  // bytes
+  static constexpr int kReleaseReasonAt = kFailureReasonAt + kMaxReason;
+  static constexpr int kBytes = kReleaseReasonAt + kMaxReason;         // what one rank's words take
+};
+constexpr int kAbortWords = AbortWords::kWords;
+// Whether op `seq` is released by the word at kReleasedAbove (read as one 64-bit load).
+RF_HD bool released_op(uint64_t released_above, uint64_t seq) { return released_above != 0 && seq >= released_above; }
 
 // Token routing sizes of the MoE buffer.
 struct EpConfig {

@@ -2,6 +2,9 @@
 //
 //   init -> registerWindow -> ready -> (barrier | allGathering | dispatching | combining | session |
 //   engram | pipeline | replaying) -> ready -> destroying -> destroyed, and failed from any live state.
+//   A run's release (a rank program threw, or returned while its peers waited: FAILED with ABORTED)
+//   ends the op in `released`; once every program of the run has ended the group sends RECOVER to
+//   every rank (also from ready, or a session the program left open): recovering -> ready.
 //
 // The machine is the authority: the worker sends an op's event, and runs the op (one synchronous
 // native call) only if the machine took it; the call's end is DONE (back to the state the op came
@@ -37,7 +40,7 @@ export const isRefusal = (code: string): boolean => code === 'EINVAL' || code ==
 
 export type OpName =
   | 'register' | 'barrier' | 'allGather' | 'dispatch' | 'combine' | 'sessionOpen' | 'sessionAllGather'
-  | 'sessionReduceScatter' | 'sessionClose' | 'engramWrite' | 'engramFetch' | 'ppExchange' | 'replay' | 'destroy';
+  | 'sessionReduceScatter' | 'sessionClose' | 'engramWrite' | 'engramFetch' | 'ppExchange' | 'replay' | 'recover' | 'destroy';
 
 /** What an asynchronous op in flight is: a session allGather or reduceScatter, or an engram fetch. */
 export type InFlightKind = 'gather' | 'reduce' | 'fetch';
@@ -94,7 +97,9 @@ export type RankEvent =
   | { type: 'ISSUED'; kind: InFlightKind }
   /** an op in flight was waited for (its failure is FAILED) */
   | { type: 'COMPLETED'; kind: InFlightKind }
-  | { type: 'PEER_FAILED'; error: FailureInfo };
+  | { type: 'PEER_FAILED'; error: FailureInfo }
+  /** the run is over and was released: the rank is put back in step with the group (`seq`: the group's) */
+  | { type: 'RECOVER'; seq: number };
 
 const OPS: Record<string, OpName> = {
   BARRIER: 'barrier', ALL_GATHER: 'allGather', DISPATCH: 'dispatch', COMBINE: 'combine',
@@ -104,6 +109,11 @@ const OPS: Record<string, OpName> = {
 };
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
+/** A run's release ended the op (FAILED with ABORTED): the rank waits in `released` for RECOVER. */
+const RELEASED = { target: '#rank.released', guard: 'released', actions: 'fail' } as const;
+/** RECOVER from a state with no op running (a session or fetches the program left behind included). */
+const RECOVER = { target: '#rank.recovering', guard: 'idle', actions: 'recover' } as const;
+
 /** An op taken from `ready` ends in engram.fetching while fetches are in flight, else in ready; a refusal
  * (isRefusal: nothing moved) gives the op's seq back, any other FAILED fails the rank. */
 const settleReady = {
@@ -111,6 +121,7 @@ const settleReady = {
   FAILED: [
     { target: '#rank.engram.fetching', guard: { type: 'refusedWhile', params: { kind: 'fetch' } }, actions: 'refuse' },
     { target: '#rank.ready', guard: 'refused', actions: 'refuse' },
+    RELEASED,
     { target: '#rank.failed', actions: 'fail' },
   ],
 } as const;
@@ -136,6 +147,7 @@ const READY_OPS_WHEN_IDLE = {
   PP_EXCHANGE: { ...READY_OPS.PP_EXCHANGE, guard: 'idle' },
   REPLAY: { ...READY_OPS.REPLAY, guard: 'idle' },
   DESTROY: { target: '#rank.destroying', guard: 'idle', actions: 'lifecycle' },
+  RECOVER,
 } as const;
 
 /**
@@ -156,6 +168,7 @@ const sessionOp = <S extends string, T extends string>(kind: 'gather' | 'reduce'
         { target: self, guard: { type: 'refusedWhile', params: { kind } }, actions: 'refuse' },
         { target: there, guard: { type: 'refusedWhile', params: { kind: other } }, actions: 'refuse' },
         { target: '#rank.session.open', guard: 'refused', actions: 'refuse' },
+        RELEASED,
         { target: '#rank.failed', actions: 'fail' },
       ],
       ISSUED: { actions: ['done', 'issue'] },
@@ -167,6 +180,7 @@ const sessionOp = <S extends string, T extends string>(kind: 'gather' | 'reduce'
       SESSION_ALL_GATHER: { target: '#rank.session.gathering', guard: 'idle', actions: 'begin' },
       SESSION_REDUCE_SCATTER: { target: '#rank.session.reducing', guard: 'idle', actions: 'begin' },
       DESTROY: { target: '#rank.destroying', guard: 'idle', actions: 'lifecycle' },
+      RECOVER,
     },
   } as const;
 };
@@ -203,12 +217,22 @@ export const rankMachine = setup({
       const kind = (event as { kind: InFlightKind }).kind;
       return { inflight: { ...context.inflight, [kind]: Math.max(0, context.inflight[kind] - 1) } };
     }),
-    fail: assign({ error: ({ event }) => (event as { error: FailureInfo }).error }),
-    recordPeerFailure: assign(({ context, event }) => ({ error: context.error ?? (event as { error: FailureInfo }).error })),
+    fail: assign({ op: null, error: ({ event }) => (event as { error: FailureInfo }).error }),
+    /** RECOVER: nothing runs or is in flight any more, the release is over, the seq is the group's */
+    recover: assign(({ event }) => {
+      const seq = (event as { seq: number }).seq;
+      return { op: 'recover' as const, error: null, seq, seqBefore: seq, inflight: { gather: 0, reduce: 0, fetch: 0 } };
+    }),
+    /** A peer's failure: the rank's own failure stands if it had one (a release is not one: the peer's failure replaces it). */
+    recordPeerFailure: assign(({ context, event }) => ({
+      error: context.error !== null && context.error.code !== 'ABORTED' ? context.error : (event as { error: FailureInfo }).error,
+    })),
   },
   guards: {
     /** The op was refused before it moved anything (isRefusal): the rank stays usable. */
     refused: ({ event }) => event.type === 'FAILED' && isRefusal(event.error.code),
+    /** The run released the op (a rank program ended): the rank lives on, out of step until RECOVER. */
+    released: ({ event }) => event.type === 'FAILED' && event.error.code === 'ABORTED',
     /** no op runs now (only in-flight ops, if any, hold the rank in its state) */
     idle: ({ context }) => context.op === null,
     /** engram fetches are in flight */
@@ -257,6 +281,7 @@ export const rankMachine = setup({
         SESSION_OPEN: { target: 'session', actions: 'begin' },
         ENGRAM_WRITE: { target: 'engram.writing', actions: 'begin' },
         DESTROY: { target: 'destroying', actions: 'lifecycle' },
+        RECOVER,
       },
     },
     barrier: { on: settleReady },
@@ -278,7 +303,7 @@ export const rankMachine = setup({
         opening: {
           on: {
             DONE: { target: 'open', actions: 'done' },
-            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'refuse' }, { target: '#rank.failed', actions: 'fail' }],
+            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'refuse' }, RELEASED, { target: '#rank.failed', actions: 'fail' }],
           },
         },
         open: {
@@ -287,6 +312,7 @@ export const rankMachine = setup({
             SESSION_REDUCE_SCATTER: { target: 'reducing', actions: 'begin' },
             SESSION_CLOSE: { target: 'closing', actions: 'begin' },
             DESTROY: { target: '#rank.destroying', actions: 'lifecycle' },
+            RECOVER,
           },
         },
         // Also while collectives issued with { async: true } are in flight (see sessionOp).
@@ -295,7 +321,7 @@ export const rankMachine = setup({
         closing: {
           on: {
             DONE: { target: '#rank.ready', actions: 'done' },
-            FAILED: { target: '#rank.failed', actions: 'fail' },
+            FAILED: [RELEASED, { target: '#rank.failed', actions: 'fail' }],
           },
         },
       },
@@ -321,6 +347,19 @@ export const rankMachine = setup({
     pipeline: { on: settleReady },
     // A captured graph's ops, launched at once: one collective of `ops` sequence numbers.
     replaying: { on: settleReady },
+    // A run's release ended an op here: ops are refused with it until the group's RECOVER.
+    released: {
+      on: {
+        RECOVER,
+        DESTROY: { target: 'destroying', actions: 'lifecycle' },
+      },
+    },
+    recovering: {
+      on: {
+        DONE: { target: 'ready', actions: 'done' },
+        FAILED: { target: 'failed', actions: 'fail' },
+      },
+    },
     failed: {
       on: {
         PEER_FAILED: {},

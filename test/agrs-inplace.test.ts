@@ -142,13 +142,17 @@ describe('refusals', () => {
         });
     });
 
-    test('a rank that never issues its part: the waiting ranks time out (TIMEOUT_GPU) into failed at wait()', async () => {
-        const g = await createGroup({ ranks: 2, backend: 'host', buffer, timeouts: { gpuSeconds: 1 } });
+    test('a rank that returns without issuing its part: the waiting rank is released at once, the run rejects with STATE, the session is closed and the group ready', async () => {
+        const g = await createGroup({ ranks: 2, backend: 'host', buffer });
         try {
             const err = (await g.run(program('agrs-lonely.mjs'), {}).catch((e: unknown) => e)) as RankflowError;
-            expect(err.code).toBe('TIMEOUT_GPU');
-            expect(err.message).toMatch(/session allGather timed out/);
-            await expect.poll(() => g.ranks[0]!.state).toBe('failed');
+            expect(err).toMatchObject({ code: 'STATE', rank: 1 });
+            expect(err.cause).toMatchObject({ code: 'ABORTED', message: expect.stringMatching(/rank 1's program returned after collective #\d+ \(rank 0 was released from/) });
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+            const s = await g.openSession({ maxBytes: 64, maxAllGathers: 1 });
+            const inputs = [tensor('int32', [2], Int32Array.of(1, 2)), tensor('int32', [2], Int32Array.of(3, 4))];
+            expect((await s.allGather(inputs))[1]!.data).toEqual(Int32Array.of(1, 2, 3, 4));
+            await s.close();
         } finally {
             await g.destroy();
         }

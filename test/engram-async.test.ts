@@ -6,7 +6,7 @@
  * reuse or replace what a fetch reads (openSession, engramWrite) is refused until its wait.
  */
 import { describe, expect, test } from 'vitest';
-import { engramSizeHint, tensor, toBf16, type Tensor } from '../actors/index.js';
+import { createGroup, engramSizeHint, tensor, toBf16, type Tensor } from '../actors/index.js';
 import { program, recordTransitions, withGroup } from './helpers/group.js';
 import { prng, randInt } from './helpers/moe-reference.js';
 
@@ -52,12 +52,26 @@ describe('async engram fetches', () => {
         });
     });
 
-    test('a group destroyed with fetches in flight tears down cleanly (the fetch thread is joined first)', async () => {
+    test('fetches a program leaves in flight are waited for when the run ends: the ranks are ready, the next fetch is exact', async () => {
         const entries = 4096, hidden = 256;
         await withGroup({ ranks: 2, buffer: { ...base, cpuBytes: engramSizeHint({ entriesPerRank: entries, hidden }) } }, async (g) => {
             const tables = [0, 1].map((r) => tensor('bf16', [entries, hidden], new Uint16Array(entries * hidden).fill(r + 1)));
             await g.run(program('engram-leave.mjs'), { tables, n: 8192 });
-            expect(g.snapshot().map((s) => s.state)).toEqual(['engram.fetching', 'engram.fetching']);
+            expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
+            const rows = await g.engramFetch([Int32Array.of(0, entries), Int32Array.of(entries + 1, 1)]);
+            expect(rows[0]!.data.subarray(0, hidden).every((v) => v === 1) && rows[0]!.data.subarray(hidden).every((v) => v === 2)).toBe(true);
+            expect(rows[1]!.data.subarray(0, hidden).every((v) => v === 2) && rows[1]!.data.subarray(hidden).every((v) => v === 1)).toBe(true);
         });
+    });
+
+    test('a group destroyed while a program has fetches in flight tears down cleanly (the fetch thread is joined first)', async () => {
+        const entries = 4096, hidden = 256;
+        const g = await createGroup({ backend: 'host', ranks: 2, buffer: { ...base, cpuBytes: engramSizeHint({ entriesPerRank: entries, hidden }) } });
+        const tables = [0, 1].map((r) => tensor('bf16', [entries, hidden], new Uint16Array(entries * hidden).fill(r + 1)));
+        const run = g.run(program('engram-leave.mjs'), { tables, n: 8192, hold: true }).then(() => null, (e: unknown) => e);
+        await expect.poll(() => g.snapshot().map((s) => s.state)).toEqual(['engram.fetching', 'engram.fetching']);
+        await g.destroy();
+        expect(await run).toMatchObject({ code: 'ABORTED' });
+        expect(g.snapshot().map((s) => s.state)).toEqual(['destroyed', 'destroyed']);
     });
 });

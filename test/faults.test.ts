@@ -130,24 +130,24 @@ describe('rank.terminate()', () => {
     }, 30_000);
 });
 
-describe('a peer that never arrives (host backend timeouts)', () => {
-    test('device phase: the waiting ranks fail with TIMEOUT_GPU naming the phase and the missing peer; the peer fails with RANK_FAILED naming a rank that timed out', async () => {
-        const g = (group = await createGroup({ ranks: 4, backend: 'host', buffer, timeouts: { gpuSeconds: 1 } }));
+describe('a peer that never arrives (host backend timeouts: every host wait is a CPU wait)', () => {
+    test('its peers fail with TIMEOUT_CPU naming the phase and the missing peer; the peer fails with RANK_FAILED naming a rank that timed out', async () => {
+        const g = (group = await createGroup({ ranks: 4, backend: 'host', buffer, timeouts: { cpuSeconds: 1 } }));
         const failed = failures(g);
         // rank 3 never enters the barrier: its program never returns
         const e = await rejection(g.run(LATE_BARRIER, { late: 3, ms: null }));
-        expect(e.code).toBe('TIMEOUT_GPU');
+        expect(e.code).toBe('TIMEOUT_CPU');
         expect(e.phase).toBe('barrier');
         expect(e.rank).toBe(3);
-        expect(e.message).toMatch(/^device-phase wait of rank [0-2] in barrier timed out after 1 s on counter barrier\[from rank 3\]/);
+        expect(e.message).toMatch(/^wait of rank [0-2] in barrier timed out after 1 s on counter barrier\[from rank 3\]/);
 
         await until(() => failed.length === 4);
         const snap = g.snapshot();
-        const timedOut = snap.filter((s) => s.error?.code === 'TIMEOUT_GPU').map((s) => s.rank);
+        const timedOut = snap.filter((s) => s.error?.code === 'TIMEOUT_CPU').map((s) => s.rank);
         expect(timedOut.length).toBeGreaterThan(0);
         for (const s of snap.slice(0, 3)) {
             expect(s.state).toBe('failed');
-            if (s.error!.code === 'TIMEOUT_GPU') {
+            if (s.error!.code === 'TIMEOUT_CPU') {
                 expect(s.error).toMatchObject({ rank: 3, phase: 'barrier', state: 'barrier' });
                 expect(s.error!.message).toContain(`of rank ${s.rank} in barrier`);
             } else {
@@ -161,7 +161,7 @@ describe('a peer that never arrives (host backend timeouts)', () => {
         expect(late.state).toBe('failed');
         expect(late.error!.code).toBe('RANK_FAILED');
         expect(timedOut).toContain(late.error!.rank);
-        expect(late.error!.message).toMatch(new RegExp(`^rank ${late.error!.rank} failed: device-phase wait .*\\[from rank 3\\]`));
+        expect(late.error!.message).toMatch(new RegExp(`^rank ${late.error!.rank} failed: wait .*\\[from rank 3\\]`));
         await g.destroy();
         expect(g.snapshot().map((s) => s.state)).toEqual(['destroyed', 'destroyed', 'destroyed', 'destroyed']);
     }, 30_000);
@@ -169,7 +169,7 @@ describe('a peer that never arrives (host backend timeouts)', () => {
     test('CPU-sync phase: the waiting ranks fail with TIMEOUT_CPU naming the CPU round and the missing peer', async () => {
         const g = (group = await createGroup({ ranks: 2, backend: 'host', buffer, timeouts: { cpuSeconds: 1 } }));
         const failed = failures(g);
-        // rank 1 takes the device barrier and leaves; rank 0 waits for it in the CPU round
+        // rank 1 takes the device barrier and leaves; rank 0 waits for it in the CPU round of the same collective
         const e = await rejection(g.run(CPU_SYNC_BARRIER, { late: 1 }));
         expect(e).toMatchObject({ code: 'TIMEOUT_CPU', rank: 1, phase: 'barrier (CPU sync)' });
         expect(e.message).toMatch(/^CPU-sync wait of rank 0 in barrier \(CPU sync\) timed out after 1 s on counter cpu_barrier\[from rank 1\]/);

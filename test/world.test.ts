@@ -184,10 +184,10 @@ describe('a world that does not add up', () => {
 });
 
 // The origin's process is the leader (rendezvous at rankOffset 0) or a follower whose announcement
-// the leader passes on to the other followers. The origin's process has gpuSeconds 1: its rank
-// `late` never enters the barrier, so its other rank times out there. Every other process waits in
-// the same barrier with gpuSeconds 600: only the relayed failure can end their wait before the
-// test's bound, and the origin's process stays alive meanwhile.
+// the leader passes on to the other followers. The origin's process has cpuSeconds 1 (host waits are
+// CPU waits): its rank `late` never enters the barrier, so its other rank times out there. Every
+// other process waits in the same barrier with cpuSeconds 600: only the relayed failure can end
+// their wait before the test's bound, and the origin's process stays alive meanwhile.
 describe.each([
   { layout: [2, 2], origin: 0 },
   { layout: [1, 2, 1], origin: 1 },
@@ -198,13 +198,13 @@ describe.each([
     const offsets = layout.map((_, i) => layout.slice(0, i).reduce((x, y) => x + y, 0));
     const timedOut = offsets[origin]!, late = timedOut + 1;
     const procs = layout.map((ranks, i) => forkFixture('world-child', {
-      url, worldSize, rankOffset: offsets[i], ranks, gpuSeconds: i === origin ? 1 : 600, late,
+      url, worldSize, rankOffset: offsets[i], ranks, cpuSeconds: i === origin ? 1 : 600, late,
     }));
     children.push(...procs);
     await Promise.all(procs.map((c) => c.next('ready', 30_000)));
 
     const inOrigin = await procs[origin]!.next('late', 30_000);
-    expect(inOrigin.error).toMatchObject({ code: 'TIMEOUT_GPU', rank: late });
+    expect(inOrigin.error).toMatchObject({ code: 'TIMEOUT_CPU', rank: late });
     for (const c of procs.filter((_, i) => i !== origin)) {
       const m = await c.next('late', 30_000);
       expect(m.error).toMatchObject({ code: 'RANK_FAILED', rank: timedOut, message: expect.stringMatching(new RegExp(`^rank ${timedOut} failed: .*rank ${late}`)) });

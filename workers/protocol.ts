@@ -2,6 +2,7 @@
 // worker's init data, and what the worker reports on the same port (so in order with its replies).
 import type { FailureInfo } from '../machines/index.js';
 import type { BufferConfig } from '../actors/core/validate.js';
+import type { ThrownValue } from '../actors/core/thrown.js';
 
 export interface RankInit {
   rank: number;
@@ -30,6 +31,19 @@ export interface RankInit {
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */
   tuning: { ceMinBytes: number; cooperative: boolean; graphLaunch: boolean; fusedDispatch: boolean; ncclHome?: string; ncclHostId?: string };
 }
+
+/** Where a rank stands between runs: what the group re-synchronises its ranks from. */
+export interface RankPosition {
+  /** the native sequence number (its last collective's) */
+  seq: number;
+  /** AGRS sessions opened so far */
+  sessions: number;
+  /** the machine's state ('ready' unless a program left a session or fetches behind, or was released) */
+  state: string;
+}
+
+/** How one rank's program ended (group.run), and where the rank stands then. */
+export type RunOutcome = RankPosition & ({ ok: true; value: unknown } | { ok: false; thrown: ThrownValue });
 
 export interface TransitionEvent {
   rank: number;

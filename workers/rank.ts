@@ -15,7 +15,8 @@ import type { Tensor } from '../actors/core/tensor.js';
 import type { CombineInput, DispatchInput } from '../actors/core/validate.js';
 import { RankOps } from './ops.js';
 import { programHandle } from './program.js';
-import type { RankInit } from './protocol.js';
+import type { RankInit, RankPosition, RunOutcome } from './protocol.js';
+import { thrownOf, type ThrownValue } from '../actors/core/thrown.js';
 import { EVENTS, RankRunner } from './runner.js';
 import { RunAborts } from './run-abort.js';
 
@@ -100,17 +101,40 @@ const api = {
   readWindow(offset: number, length: number): Uint8Array {
     return native.readWindow(offset, length);
   },
-  /** runId: the group's number for this run (0: no signal), written to the runAbort word when it is aborted */
-  async run(moduleUrl: string, args: unknown, runId = 0): Promise<unknown> {
-    const url = moduleUrl.startsWith('file:') || moduleUrl.includes('://') ? moduleUrl : pathToFileURL(moduleUrl).href;
-    const mod = (await import(url)) as { default?: (rank: unknown, args: unknown) => unknown };
-    if (typeof mod.default !== 'function') throw new RankflowError('EINVAL', `moduleUrl: ${moduleUrl} has no default export function (rank, args)`);
-    const state = runs.begin(runId);
+  /**
+   * Runs the program; how it ended (its value, or what it threw) and where the rank stands then: the
+   * group decides from every rank's outcome whether the run released anyone and must re-synchronise.
+   * runId: the group's number for this run, written to the runAbort word when it is aborted.
+   */
+  async run(moduleUrl: string, args: unknown, runId: number): Promise<RunOutcome> {
+    let ended: { ok: true; value: unknown } | { ok: false; thrown: ThrownValue };
     try {
-      return await mod.default(programHandle(ops, state), args);
-    } finally {
-      runs.end(state);
+      const url = moduleUrl.startsWith('file:') || moduleUrl.includes('://') ? moduleUrl : pathToFileURL(moduleUrl).href;
+      const mod = (await import(url)) as { default?: (rank: unknown, args: unknown) => unknown };
+      if (typeof mod.default !== 'function') throw new RankflowError('EINVAL', `moduleUrl: ${moduleUrl} has no default export function (rank, args)`);
+      const state = runs.begin(runId);
+      try {
+        ended = { ok: true, value: await mod.default(programHandle(ops, state), args) };
+      } finally {
+        runs.end(state);
+      }
+    } catch (e) {
+      ended = { ok: false, thrown: thrownOf(e) };
     }
+    return { ...ended, ...api.position() };
+  },
+  /** Where the rank stands (its seq, sessions and state); seq -1 once its context is destroyed. */
+  position(): RankPosition {
+    try {
+      return { seq: native.seq(), sessions: native.sessionCount(), state: runner.state() };
+    } catch {
+      return { seq: -1, sessions: -1, state: runner.state() };
+    }
+  },
+  /** After a released run, the rank in step with the group: `seq` and `sessions` are the group's (ops/recover.cc). */
+  recover(seq: number, sessions: number): void {
+    ops.capturing = false;
+    runner.recover(seq, () => native.recover(seq, sessions));
   },
   abortRun(runId: number, reason: string): void {
     runs.abort(runId, reason);

@@ -9,6 +9,7 @@ import { isRefusal, rankMachine, statePath, type FailureInfo, type OpName, type 
 import { RankflowError } from '../actors/core/errors.js';
 import { MAX_BATCH_RECORDS, REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 import { TransitionLog } from './transition-log.js';
+import { plainInspection } from './inspection-record.js';
 
 // The thread's time origin is fixed: read once (its getter costs a brand check per transition).
 const origin = performance.timeOrigin;
@@ -159,7 +160,7 @@ export class RankRunner {
     const a = createActor(rankMachine, {
       input: this.input,
       ...(snapshot ? { snapshot } : {}),
-      ...(this.inspect ? { inspect: (rec: InspectionEvent) => this.post({ kind: 'inspect', record: this.plainInspection(rec) }) } : {}),
+      ...(this.inspect ? { inspect: (rec: InspectionEvent) => this.post({ kind: 'inspect', record: plainInspection(rec, this.rank, now()) }) } : {}),
     });
     a.start();
     return a;
@@ -202,9 +203,11 @@ export class RankRunner {
 
   /** Moves the machine into `event`'s state, or throws why it cannot. */
   enter(event: RankEvent): void {
-    if (this.path === 'failed' && event.type !== 'DESTROY') {
+    // A failed rank refuses with its failure; a released one (a run's release ended its op) with the
+    // release, until the group's RECOVER.
+    if ((this.path === 'failed' || (this.path === 'released' && event.type !== 'RECOVER')) && event.type !== 'DESTROY') {
       const e = this.actorNow().getSnapshot().context.error;
-      if (e) throw new RankflowError(e.code as never, e.message, { rank: e.rank, state: 'failed', phase: e.phase });
+      if (e) throw new RankflowError(e.code as never, e.message, { rank: e.rank, state: this.path, phase: e.phase });
     }
     if (!this.send(event))
       throw new RankflowError('STATE', `rank ${this.rank} is in state '${this.path}' and cannot take ${event.type}`, { rank: this.rank, state: this.path });
@@ -236,6 +239,14 @@ export class RankRunner {
   /** The op in progress was started asynchronously (ISSUED), or one in flight was waited for (COMPLETED). */
   inflight(event: Extract<RankEvent, { type: 'ISSUED' | 'COMPLETED' }>): void {
     this.send(event);
+  }
+
+  /**
+   * The run is over and the group re-synchronises the rank (`nativeSeq`: the group's sequence number):
+   * RECOVER, fn (the native recovery), then DONE into ready (a failure of fn fails the rank).
+   */
+  recover(nativeSeq: number, fn: () => void): void {
+    this.run({ type: 'RECOVER', seq: nativeSeq - (this.seqOffset ?? 0) }, fn);
   }
 
   peerFailed(error: FailureInfo): void {
@@ -301,7 +312,7 @@ export class RankRunner {
     this.here = undefined;
     if (to === from) return true;
     const phases = (event as { phases?: readonly string[] }).phases;
-    if (to === 'failed' && c.error) {
+    if ((to === 'failed' || to === 'released') && c.error) {
       this.post({
         kind: 'transition',
         transition: {
@@ -388,22 +399,6 @@ export class RankRunner {
     const batch = this.outbox.splice(0);
     this.port.postMessage(batch.length === 1 ? batch[0] : { kind: 'batch', messages: batch });
   }
-
-  private plainInspection(rec: InspectionEvent): Record<string, unknown> {
-    const out: Record<string, unknown> = { type: rec.type, rank: this.rank, actorId: (rec.actorRef as { id?: string }).id, sessionId: rec.actorRef.sessionId, at: now() };
-    if ('event' in rec && rec.event) {
-      const o: Record<string, unknown> = {};
-      for (const [k, v] of Object.entries(rec.event as { type: string })) if (v === null || ['string', 'number', 'boolean'].includes(typeof v)) o[k] = v;
-      out.event = o;
-    }
-    if (rec.type === '@xstate.snapshot') {
-      const s = rec.snapshot as { value?: unknown; status?: string };
-      out.value = s.value;
-      out.status = s.status;
-    }
-    if (rec.type === '@xstate.action') out.action = { type: rec.action.type };
-    return out;
-  }
 }
 
 /** The op a state serves, for the record of the transition out of it. */
@@ -411,7 +406,7 @@ function opOf(state: string): string | undefined {
   const top = state.split('.')[0]!;
   const map: Record<string, string> = {
     barrier: 'barrier', allGathering: 'allGather', dispatching: 'dispatch', combining: 'combine', pipeline: 'ppExchange', replaying: 'replay',
-    registerWindow: 'register', destroying: 'destroy',
+    registerWindow: 'register', destroying: 'destroy', recovering: 'recover',
   };
   if (top === 'session') return ({ opening: 'sessionOpen', gathering: 'sessionAllGather', reducing: 'sessionReduceScatter', closing: 'sessionClose' } as Record<string, string>)[state.split('.')[1] ?? ''];
   if (top === 'engram') return state.endsWith('writing') ? 'engramWrite' : 'engramFetch';

@@ -45,8 +45,16 @@ export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, addresses: 8, arg
 export const DISPATCH_ARG = { numTokens: 0, xElemBytes: 1, expertAlignment: 2, handle: 3, numSms: 4, mode: 5 } as const;
 /** The numbers of a combine call, in the scratch's args words. */
 export const COMBINE_ARG = { handle: 0, numSms: 1, xRows: 2 } as const;
-/** Words of the abort array the main thread writes (native/src/runtime/abort.hpp). */
-export const ABORT = { failedRank: 0, stopping: 1, reasonBytes: 2, words: 4, maxReason: 1024, bytes: 8192 } as const;
+/**
+ * The abort words the main thread writes and the rank's native waits and kernels read: int32 word
+ * indices and byte offsets of kernels/protocol.hpp AbortWords (test/abi.test.ts compares the two;
+ * actors/core/abort-words.ts writes them). `bytes`: the SharedArrayBuffer made per rank, two pages so
+ * that the words can start on a page the cuda backend maps into the GPU.
+ */
+export const ABORT = {
+  failedRank: 0, stopping: 1, failureReasonBytes: 2, releaseOrigin: 3, releasedAbove: 4, releaseReasonBytes: 6, words: 8,
+  maxReason: 1024, failureReasonAt: 32, releaseReasonAt: 1056, span: 2080, bytes: 8192,
+} as const;
 
 /** Words of a rank's traffic counters (native/src/runtime/scaleout.hpp Traffic): u64, read with Atomics.load. */
 export const TRAFFIC = { scaleUpBytes: 0, scaleOutBytes: 1, scaleOutNs: 2, words: 4, bytes: 32 } as const;
@@ -76,6 +84,10 @@ export interface NativeContext {
   info(): NativeInfo;
   /** the rank's sequence number now (the last collective's) */
   seq(): number;
+  /** AGRS sessions the rank opened so far */
+  sessionCount(): number;
+  /** after a run's release: ops in flight waited for, session closed, seq and session count set (the group's) */
+  recover(seq: number, sessionCount: number): void;
   readWindow(offset: number, length: number): Uint8Array;
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
   destroy(): void;
@@ -153,6 +165,8 @@ export interface EpLayout {
 export interface Addon {
   Context: new (config: Record<string, unknown>, abortWords?: Int32Array) => NativeContext;
   layout(ep: { maxTokensPerRank: number; hidden: number; topk: number; numExperts: number; fp8Dispatch?: boolean }, worldSize: number): EpLayout;
+  /** kernels/protocol.hpp AbortWords, for test/abi.test.ts to compare with ABORT */
+  abortWords: Record<keyof typeof ABORT, number>;
   alignment: number;
   cudaProbe?: (options?: { ncclHome?: string; pythonPrefixes?: string[] }) => Record<string, unknown>;
   /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace); served once per pid in `clients`, to no one else. */

@@ -1,8 +1,16 @@
 // RankflowError: the one error type of the public API, with a code callers can switch on.
-/** ABORTED: an AbortSignal given to createGroup or group.run ended it (the error's cause is the signal's reason). */
-export type RankflowErrorCode = 'EINVAL' | 'TIMEOUT_CPU' | 'TIMEOUT_GPU' | 'RANK_FAILED' | 'BACKEND_UNAVAILABLE' | 'STATE' | 'ABORTED';
+/**
+ * ABORTED: an AbortSignal given to createGroup or group.run ended it (the error's cause is the signal's
+ * reason), destroy() ended a run, or (inside rank programs) a peer's program ending released the op.
+ * PROGRAM_ERROR: a rank program threw something that is not a RankflowError (its cause is what it threw).
+ */
+export type RankflowErrorCode =
+  | 'EINVAL' | 'TIMEOUT_CPU' | 'TIMEOUT_GPU' | 'RANK_FAILED' | 'BACKEND_UNAVAILABLE' | 'STATE' | 'ABORTED' | 'PROGRAM_ERROR';
 
-const CODES: ReadonlySet<string> = new Set(['EINVAL', 'TIMEOUT_CPU', 'TIMEOUT_GPU', 'RANK_FAILED', 'BACKEND_UNAVAILABLE', 'STATE', 'ABORTED']);
+const CODES: ReadonlySet<string> = new Set(['EINVAL', 'TIMEOUT_CPU', 'TIMEOUT_GPU', 'RANK_FAILED', 'BACKEND_UNAVAILABLE', 'STATE', 'ABORTED', 'PROGRAM_ERROR']);
+
+/** Whether `code` is one of rankflow's error codes. */
+export const isErrorCode = (code: unknown): code is RankflowErrorCode => typeof code === 'string' && CODES.has(code);
 
 export class RankflowError extends Error {
   readonly code: RankflowErrorCode;

@@ -56,6 +56,8 @@ Napi::Function ContextWrap::Define(Napi::Env env) {
                          InstanceMethod<&ContextWrap::NcclInit>("ncclInit"),
                          InstanceMethod<&ContextWrap::Info>("info"),
                          InstanceMethod<&ContextWrap::Seq>("seq"),
+                         InstanceMethod<&ContextWrap::SessionCount>("sessionCount"),
+                         InstanceMethod<&ContextWrap::Recover>("recover"),
                          InstanceMethod<&ContextWrap::ReadWindow>("readWindow"),
                          InstanceMethod<&ContextWrap::WritePeer>("writePeer"),
                          InstanceMethod<&ContextWrap::Destroy>("destroy"),
@@ -119,12 +121,13 @@ ContextWrap::ContextWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Cont
   int64_t words_offset = 0;
   if (info.Length() > 1 && info[1].IsTypedArray()) {
     const auto ta = info[1].As<Napi::TypedArray>();
-    if (ta.TypedArrayType() != napi_int32_array || ta.ElementLength() < size_t(Abort::kWords))
-      throw_einval(env, "the abort words must be an Int32Array of at least " + std::to_string(Abort::kWords));
+    if (ta.TypedArrayType() != napi_int32_array || ta.ByteLength() < size_t(AbortWords::kBytes))
+      throw_einval(env, "the abort words must be an Int32Array of at least " + std::to_string(AbortWords::kBytes) + " bytes");
     uint8_t* base = bytes_of(ta);
     constexpr uintptr_t kPage = 4096;
     const uintptr_t aligned = (reinterpret_cast<uintptr_t>(base) + kPage - 1) & ~(kPage - 1);
     if (ta.ByteLength() >= 2 * kPage) words_offset = int64_t(aligned - reinterpret_cast<uintptr_t>(base));
+    if ((reinterpret_cast<uintptr_t>(base) + uintptr_t(words_offset)) % 8 != 0) throw_einval(env, "the abort words must be 8-byte aligned");
     words = reinterpret_cast<int32_t*>(base + words_offset);
     abort_words_ = Napi::Persistent(info[1]);
   }
@@ -269,6 +272,24 @@ Napi::Value ContextWrap::Info(const Napi::CallbackInfo& info) {
 // The rank's sequence number now (the last collective's), as a Number: exact up to 2^53.
 Napi::Value ContextWrap::Seq(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), double(ctx(info.Env()).seq));
+}
+
+// AGRS sessions opened so far (a run's recovery sets every rank's to the group's largest).
+Napi::Value ContextWrap::SessionCount(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), double(ctx(info.Env()).session.index));
+}
+
+// recover(seq, sessionCount): after a run's release, the rank in step with the group (ops.hpp recover).
+// Views of the session's buffer handed out are detached: the session they belong to is closed.
+Napi::Value ContextWrap::Recover(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Context& c = ctx(env);
+  const uint64_t seq = uint64_t(int_arg(info[0], "seq", 0, int64_t(1) << 53));
+  const uint32_t sessions = uint32_t(int_arg(info[1], "sessionCount", 0, UINT32_MAX));
+  pending_.reset();
+  detach_views(env);
+  guarded(env, [&] { ops::recover(c, seq, sessions); });
+  return env.Undefined();
 }
 
 // Probes of the window (tests): ranges inside the device segment, which every rank maps of every peer.

@@ -46,6 +46,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value NcclInit(const Napi::CallbackInfo& info);
   Napi::Value Info(const Napi::CallbackInfo& info);
   Napi::Value Seq(const Napi::CallbackInfo& info);
+  Napi::Value SessionCount(const Napi::CallbackInfo& info);
+  Napi::Value Recover(const Napi::CallbackInfo& info);
   Napi::Value ReadWindow(const Napi::CallbackInfo& info);
   Napi::Value WritePeer(const Napi::CallbackInfo& info);
   Napi::Value Destroy(const Napi::CallbackInfo& info);

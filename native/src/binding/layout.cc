@@ -74,8 +74,27 @@ Napi::Value CloseFds(const Napi::CallbackInfo& info) {
 
 }  // namespace
 
+// The abort words' layout (protocol.hpp AbortWords), for the one copy in TypeScript to be checked against.
+Napi::Object abort_words_object(Napi::Env env) {
+  using W = AbortWords;
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("failedRank", W::kFailedRank);
+  o.Set("stopping", W::kStopping);
+  o.Set("failureReasonBytes", W::kFailureReasonBytes);
+  o.Set("releaseOrigin", W::kReleaseOrigin);
+  o.Set("releasedAbove", W::kReleasedAbove);
+  o.Set("releaseReasonBytes", W::kReleaseReasonBytes);
+  o.Set("words", W::kWords);
+  o.Set("maxReason", W::kMaxReason);
+  o.Set("failureReasonAt", W::kFailureReasonAt);
+  o.Set("releaseReasonAt", W::kReleaseReasonAt);
+  o.Set("bytes", W::kBytes);
+  return o;
+}
+
 void RegisterLayout(Napi::Env env, Napi::Object exports) {
   exports.Set("layout", Napi::Function::New(env, Layout));
+  exports.Set("abortWords", abort_words_object(env));
   exports.Set("closeFds", Napi::Function::New(env, CloseFds));
   exports.Set("alignment", Napi::Number::New(env, double(kAlignment)));
 }

@@ -136,6 +136,11 @@ class Backend {
   virtual void destroy() noexcept = 0;
   // Refuses an op on a rank whose protocol state is gone (a wait gave up): RANK_FAILED saying why.
   virtual void check_alive(const char* op) const { (void)op; }
+  // After a run's release (runtime/ops/recover.cc), with every op of the rank waited for: what the
+  // backend keeps across ops is made as a fresh rank's (cuda: the stream drained, the kernels'
+  // give-up flags and the Control block cleared). RANK_FAILED where it cannot be (a fault, a timeout,
+  // broken scale-out connections): the rank is dead then.
+  virtual void recover() { check_alive("recover"); }
   // Refuses a collective this backend does not run in this rank's world: BACKEND_UNAVAILABLE naming
   // `op`. Every collective of the runtime (runtime/ops/) asks first, before it changes any state, so
   // a refusal leaves the rank as it was (usable).

@@ -53,6 +53,7 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
   seq = c.first_seq;
   rules.rank = c.rank;
   rules.abort = &abort;
+  rules.op_seq = &seq;
   rules.cpu_timeout_s = c.cpu_timeout_s;
   rules.gpu_timeout_s = c.gpu_timeout_s;
   if (c.backend == BackendKind::Cuda) {

@@ -102,7 +102,11 @@ class Context {
   int world() const { return cfg.world_size; }
   int64_t buffer_bytes() const { return sym_bytes - ws.bytes; }
   int64_t experts_per_rank() const { return cfg.ep.num_experts / cfg.world_size; }
-  uint64_t next_seq() { return ++seq; }
+  // The next op's sequence number; ABORTED where the run's release ends it (the op does not start).
+  uint64_t next_seq() {
+    if (abort.released(seq + 1)) throw release_error(abort, rank(), seq + 1, "the start of its next op");
+    return ++seq;
+  }
 
   // The layout a handle names (nullptr: unknown or expired); counts as a use.
   std::shared_ptr<DispatchLayout> layout(uint32_t id) const;

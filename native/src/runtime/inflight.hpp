@@ -66,6 +66,13 @@ class InFlight {
     ops_.erase(it);
     return op;
   }
+  // Any op in flight (the oldest), taken; null when none is.
+  std::unique_ptr<InFlightOp> take_any() {
+    if (ops_.empty()) return nullptr;
+    std::unique_ptr<InFlightOp> op = std::move(ops_.begin()->second);
+    ops_.erase(ops_.begin());
+    return op;
+  }
   int count(InFlightKind k) const {
     int n = 0;
     for (const auto& [id, op] : ops_) n += op->kind == k ? 1 : 0;

@@ -70,6 +70,12 @@ void check_engram_ids(const Context& c, const int32_t* ids, int64_t n);
 // pipeline: send to rank + 1, receive from rank - 1 (ring).
 void pp_exchange(Context& c, Mem in, int64_t bytes, Mem out);
 
+// After a run's release (a rank program threw, or returned while its peers waited), once every rank's
+// program has ended: this rank's ops in flight are waited for (their released waits end at once), its
+// session closed, and its sequence number and session count set to the ones the group agreed on
+// (above every number a rank used, so no signal left in a slot can satisfy a later wait).
+void recover(Context& c, uint64_t seq, uint32_t session_index);
+
 // CUDA graphs of no-CPU-sync ops: begin, the ops, end -> a graph id; each replay is new collectives.
 void capture_begin(Context& c);
 uint64_t capture_end(Context& c, int64_t* ops);

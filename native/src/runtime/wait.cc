@@ -45,12 +45,21 @@ Error abort_error(const WaitRules& r, const WaitSite& site) {
   return Error("RANK_FAILED", "rank " + std::to_string(r.rank) + " is shutting down", r.rank, phase_name(site.phase));
 }
 
+Error release_error(const Abort& a, int rank, uint64_t seq, const char* where) {
+  const int origin = a.release_origin();
+  std::string why = a.release_reason();
+  if (why.empty()) why = origin >= 0 ? "rank " + std::to_string(origin) + "'s program ended the run" : "the run was released";
+  return Error("ABORTED", why + " (rank " + std::to_string(rank) + " was released from " + where + ", collective #" + std::to_string(seq) + ")",
+               origin, where);
+}
+
 Error timeout_error(const WaitRules& r, const WaitSite& site, WaitKind kind, uint64_t last) {
-  const bool cpu = kind == WaitKind::Cpu;
+  const bool cpu = kind == WaitKind::Cpu || r.device_is_cpu;
+  const char* what = kind == WaitKind::Cpu ? "CPU-sync wait" : cpu ? "wait" : "device-phase wait";
   return Error(cpu ? "TIMEOUT_CPU" : "TIMEOUT_GPU",
-               std::string(cpu ? "CPU-sync wait" : "device-phase wait") + " of rank " + std::to_string(r.rank) + " in " +
-                   phase_name(site.phase) + " timed out after " + seconds_text(cpu ? r.cpu_timeout_s : r.gpu_timeout_s) +
-                   " s on counter " + counter_text(site) + " (last value " + hex_text(last) + ")",
+               std::string(what) + " of rank " + std::to_string(r.rank) + " in " + phase_name(site.phase) + " timed out after " +
+                   seconds_text(cpu ? r.cpu_timeout_s : r.gpu_timeout_s) + " s on counter " + counter_text(site) + " (last value " +
+                   hex_text(last) + ")",
                site.peer, phase_name(site.phase));
 }
 

@@ -103,6 +103,7 @@ void CudaBackend::create() {
     launch_->set_fused_prefetch(dev_->l2_bytes() * 45 / 100 / std::max(1, c_.cfg.device_share));
     const int64_t bytes = kargs::FusedScratch::make(fused_blocks_, world(), int32_t(ep.num_experts)).bytes;
     fused_scratch_ = pool_.alloc(bytes, "the fused dispatch's scratch");
+    fused_scratch_bytes_ = bytes;
     RF_CU(cuMemsetD8Async, fused_scratch_, 0, size_t(bytes), stream_);
   }
   RF_CU(cuStreamSynchronize, stream_);

@@ -89,6 +89,7 @@ class CudaBackend final : public Backend {
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
   void check_alive(const char* op) const override;
+  void recover() override;
   void check_runs(const char* op) const override;  // two_level.cc
 
   // collectives.cc
@@ -241,6 +242,8 @@ class CudaBackend final : public Backend {
   [[noreturn]] void fail_stream(CUresult r);
   void mark_dead(const std::string& why) const;
   bool abort_raised() const;
+  // The run's release ends the op in progress (c_.seq).
+  bool released_now() const;
   void mirror_abort();
   // Driver-mode staging of host tensors (grown on demand; every driver-mode op waits before it returns).
   CUdeviceptr staging(int64_t bytes);
@@ -298,6 +301,7 @@ class CudaBackend final : public Backend {
   kargs::NotifyScratch notify_scratch_;  // after the topk copies in each routing block
   uint64_t fused_dispatches_ = 0;
   CUdeviceptr fused_scratch_ = 0;  // kargs::FusedScratch of fused_blocks_ rows
+  int64_t fused_scratch_bytes_ = 0;
   int fused_blocks_ = 0;
   // Dispatches without a CPU sync run as one kernel (ContextConfig.fused_dispatch; one node only).
   bool fuses() const { return c_.cfg.fused_dispatch && !two_level(); }

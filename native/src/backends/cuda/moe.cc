@@ -173,7 +173,7 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
   if (!block && !spin_for(c_.rules.spin_ns, arrived)) return false;
   if (!arrived()) {
     const Driver& d = driver();
-    bool aborted = false, finished = false;
+    bool aborted = false, finished = false, released = false;
     uint32_t polls = 0;
     WaitRules r = c_.rules;
     r.abort = nullptr;  // passed on to the kernels below
@@ -182,6 +182,10 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
         if (arrived()) return true;
         if (!aborted && abort_raised()) {
           aborted = true;
+          mirror_abort();
+        }
+        if (!released && released_now()) {
+          released = true;
           mirror_abort();
         }
         if ((++polls & 63) == 0) {  // the notify kernel finished without the counts: it gave up
@@ -212,8 +216,8 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
                       std::to_string(peer) + "] (last value " + hex_text(last) + ")",
                   peer, phase_name(kPhaseNotify));
     }
-    if (aborted || finished) {
-      wait_stream(WaitSite{kPhaseNotify, -1, "rank_count"});  // throws: the abort, or the notify's timeout
+    if (aborted || finished || released) {
+      wait_stream(WaitSite{kPhaseNotify, -1, "rank_count"});  // throws: the abort, the release, or the notify's timeout
       if (!arrived()) {
         if (abort_raised()) throw abort_error(c_.rules, WaitSite{kPhaseNotify, -1, "rank_count"});
         mark_dead("a dispatch notify ended without the peers' counts");

@@ -27,11 +27,41 @@ void CudaBackend::mark_dead(const std::string& why) const {
 
 bool CudaBackend::abort_raised() const { return c_.abort.raised(); }
 
+// After a run's release (runtime/ops/recover.cc): the stream drained (the released kernels gave up,
+// the others ran to their end), then what a kernel that gave up leaves behind is cleared: the give-up
+// flag every later wait of the rank would obey (arrivals[1]), the grid arrival count, the fused
+// dispatch's scratch, the Control block's reports and the mirrored release.
+void CudaBackend::recover() {
+  check_alive("recover");
+  try {
+    wait_stream(WaitSite{kPhaseNone, -1, "stream"});
+  } catch (const Error& e) {
+    if (e.code != "ABORTED") throw;  // a fault or a timeout: the rank is dead (check_alive says so from now on)
+  }
+  translating(rank(), [&] {
+    RF_CU(cuMemsetD8Async, arrivals_, 0, 64, stream_);
+    if (fused_scratch_ != 0) RF_CU(cuMemsetD8Async, fused_scratch_, 0, size_t(fused_scratch_bytes_), stream_);
+    RF_CU(cuStreamSynchronize, stream_);
+  });
+  volatile Control* k = ctl_;
+  k->diag.code = 0;
+  k->bad_seq = 0;
+  using W = AbortWords;
+  k->abort_mirror[W::kReleaseOrigin] = 0;
+  *reinterpret_cast<volatile uint64_t*>(k->abort_mirror + W::kReleasedAbove) = 0;
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
+bool CudaBackend::released_now() const { return c_.abort.released(c_.seq); }
+
 void CudaBackend::mirror_abort() {
+  using W = AbortWords;
   const int32_t* w = c_.abort.words();
   volatile int32_t* m = ctl_->abort_mirror;
-  m[0] = __atomic_load_n(w, __ATOMIC_ACQUIRE);
-  m[1] = c_.abort.stopping() ? 1 : 0;
+  m[W::kFailedRank] = __atomic_load_n(w + W::kFailedRank, __ATOMIC_ACQUIRE);
+  m[W::kStopping] = c_.abort.stopping() ? 1 : 0;
+  m[W::kReleaseOrigin] = __atomic_load_n(w + W::kReleaseOrigin, __ATOMIC_ACQUIRE);
+  *reinterpret_cast<volatile uint64_t*>(m + W::kReleasedAbove) = c_.abort.released_above();
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
@@ -41,7 +71,10 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
   // may be freed after); the kernels give up within the GPU timeout, the CPU waits a little longer.
   // NCCL's kernels (two levels: the rail exchanges) never give up on their own: the rail
   // communicator is aborted instead, which stops them (the rank is failing anyway).
-  bool aborted = false;
+  // A run's release of the op is passed on the same way; the kernels of a released op give up, and
+  // the op fails with ABORTED once the stream drained, the rank alive (ops/recover.cc puts it back in
+  // step) except in two levels, whose NCCL kernels must be stopped by aborting their communicator.
+  bool aborted = false, released = false;
   WaitRules r = c_.rules;
   r.abort = nullptr;
   r.gpu_timeout_s = c_.cfg.gpu_timeout_s + 5;
@@ -52,6 +85,14 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
         aborted = true;
         mirror_abort();
         if (two_level()) abort_rails();
+      }
+      if (!released && !aborted && released_now()) {
+        released = true;
+        mirror_abort();
+        if (two_level()) {
+          mark_dead("released while its scale-out exchange waited: the rail communicator was aborted");
+          abort_rails();
+        }
       }
       return false;
     }, [] { return uint64_t(0); });
@@ -69,6 +110,7 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
     WaitRules a = c_.rules;
     throw abort_error(a, site);
   }
+  if (released_now()) throw release_error(c_.abort, rank(), c_.seq, phase_name(site.phase));
   check_control(site);
 }
 

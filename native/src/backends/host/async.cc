@@ -50,7 +50,7 @@ void HostBackend::agrs_issue(AgrsOp& op) {
 
 void HostBackend::agrs_complete(AgrsOp& op) {
   if (two_level()) return;  // it ran whole at issue (two_level.cc)
-  wait_all(c_.ws.done, op.seq, op.reduce ? kPhaseSessionReduce : kPhaseSessionGather, "done");
+  wait_all(c_.ws.done, op.seq, op.reduce ? kPhaseSessionReduce : kPhaseSessionGather, "done", WaitKind::Device, op.seq);
   if (!op.reduce) return;
   // The sum of element i over ranks in rank order (as the CUDA kernel), written over part 0's
   // element i once all W parts of it are read.

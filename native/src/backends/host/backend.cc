@@ -12,6 +12,7 @@ namespace host {
 HostBackend::HostBackend(Context& c) : c_(c) {
   // Many ranks share few cores here: a short spin, then the wait gives the core away.
   c.rules.spin_ns = 1000;
+  c.rules.device_is_cpu = true;
   mem_.create(c.rank(), c.world(), c.sym_bytes, c.cpu_bytes, choose_memory_kind(c.cpu_bytes, c.cfg.hybrid),
               c.dom.num_scaleup_ranks);
   if (two_level()) rails_ = std::make_unique<Rails>(c);
@@ -84,9 +85,9 @@ uint64_t HostBackend::wait_slot(const void* slot, uint64_t seq, const WaitSite& 
   return slot_payload(slot);
 }
 
-void HostBackend::wait_all(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind) const {
+void HostBackend::wait_all(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind, uint64_t op) const {
   for (int p = 0; p < world(); ++p)
-    if (p != rank()) wait_slot(my_slot(array, p), seq, WaitSite{phase, p, name}, kind);
+    if (p != rank()) wait_slot(my_slot(array, p), seq, WaitSite{phase, p, name, -1, op}, kind);
 }
 
 void HostBackend::announce(uint64_t seq, uint64_t tag) {

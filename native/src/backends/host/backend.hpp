@@ -110,7 +110,8 @@ class HostBackend final : public Backend {
   void signal_all(int64_t array, uint64_t seq, bool include_self = false);
   // Waits until the slot reached seq (exact: equals it and carries the op's payload); its payload.
   uint64_t wait_slot(const void* slot, uint64_t seq, const WaitSite& site, WaitKind kind, bool exact = false) const;
-  void wait_all(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind = WaitKind::Device) const;
+  // op: the op that waits, where it is not the context's current one (an op in flight).
+  void wait_all(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind = WaitKind::Device, uint64_t op = 0) const;
   void announce(uint64_t seq, uint64_t tag = 0);
   // Waits for peer p's enter of op seq; its tag.
   uint64_t wait_entered(int p, uint64_t seq, Phase phase = kPhaseEnter) const;

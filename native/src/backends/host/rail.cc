@@ -170,7 +170,7 @@ void Rails::exchange(uint64_t seq, Phase phase, uint64_t tag, const std::vector<
       }
     }
   };
-  const double timeout = kind == WaitKind::Cpu ? c_.rules.cpu_timeout_s : c_.rules.gpu_timeout_s;
+  const double timeout = kind == WaitKind::Cpu || c_.rules.device_is_cpu ? c_.rules.cpu_timeout_s : c_.rules.gpu_timeout_s;
   auto slow_at = start + std::chrono::nanoseconds(c_.rules.slow_ns);
   std::vector<pollfd> pfd;
   for (;;) {
@@ -192,6 +192,11 @@ void Rails::exchange(uint64_t seq, Phase phase, uint64_t tag, const std::vector<
     const auto now = Clock::now();
     if (c_.abort.raised()) {
       const Error e = abort_error(c_.rules, WaitSite{phase, -1, "scale-out frame"});
+      fail(e.code, e.what(), e.rank, phase);
+    }
+    // Released halfway, the streams hold parts of frames: the connections cannot be used again.
+    if (c_.abort.released(seq)) {
+      const Error e = release_error(c_.abort, c_.rank(), seq, phase_name(phase));
       fail(e.code, e.what(), e.rank, phase);
     }
     if (c_.rules.slow != nullptr && now >= slow_at) {

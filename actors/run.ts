@@ -1,0 +1,158 @@
+// group.run: every local rank's program, and how a run ends. A program that throws, or that returns
+// while its peers still run, ends the run for the others at once: the main thread raises a release in
+// every rank's abort words (ops from a sequence number on end with ABORTED, whatever they wait in:
+// a throw releases every op; a return after collective #S releases #S+1 on, which the returner never
+// enters, so a peer finishing #S is not cut short). Once every program has ended, the ranks are put
+// back in step when anything is out of step (a release, different sequence numbers, a session or
+// fetches a program left behind): every rank recovers to the group's largest sequence number and
+// session count, and the group is `ready` again. A rank that died (terminate, a timeout) is not a
+// program's end: the run rejects with that failure as before, and the group stays failed.
+//
+// With a signal: aborted before the run's turn (runs queue like collectives), the run is skipped;
+// aborted while the programs run, every program is told (its run-abort word and an abortRun message:
+// rank.aborted, rank.signal, rank.anyAborted()), and the run rejects with ABORTED once they ended.
+import { abortError } from './core/abort.js';
+import { RankflowError, isErrorCode } from './core/errors.js';
+import { cutShort, type Ranks } from './ranks.js';
+import { rebuildThrown, thrownOf, thrownText, type ThrownValue } from './core/thrown.js';
+import type { RankPosition, RunOutcome } from '../workers/protocol.js';
+
+export interface RunDeps {
+  /** queues the run as a collective of the group */
+  queue: <R>(body: () => Promise<R>) => Promise<R>;
+  workers: Ranks;
+  /** global id of this process's first rank */
+  rankOffset: number;
+  /** a fresh id for the run (the programs compare it with their run-abort word) */
+  nextId: () => number;
+  /** the group is being destroyed */
+  destroying: () => boolean;
+}
+
+/** Why the run ended for the other ranks: the first program that threw, or the earliest return. */
+interface Ending {
+  rank: number;
+  /** the rank's sequence number when its program ended */
+  seq: number;
+  thrown?: ThrownValue;
+}
+
+export function runPrograms<T>(deps: RunDeps, url: string, args: unknown, signal?: AbortSignal): Promise<T[]> {
+  if (!signal) return deps.queue(() => runOnce<T>(deps, url, args, deps.nextId()));
+  return new Promise<T[]>((resolve, reject) => {
+    let running = 0;  // the run's id while its programs run
+    let early = false;
+    const onAbort = (): void => {
+      if (running === 0) {
+        early = true;  // skipped when its turn comes
+        return reject(abortError('group.run', signal));
+      }
+      tellPrograms(deps.workers, running, abortError('group.run', signal).message);
+    };
+    signal.addEventListener('abort', onAbort, { once: true });
+    deps.queue(async () => {
+      if (early) throw abortError('group.run', signal);
+      running = deps.nextId();
+      try {
+        return await runOnce<T>(deps, url, args, running, signal);
+      } finally {
+        running = 0;
+      }
+    }).then(resolve, reject).finally(() => signal.removeEventListener('abort', onAbort));
+  });
+}
+
+/** Tells every program of run `id` to stop (rank.aborted, rank.signal): `reason` is the signal's reason. */
+function tellPrograms(workers: Ranks, id: number, reason: string): void {
+  for (const m of workers.members) {
+    Atomics.store(m.runAbort, 0, id);
+    void m.api.abortRun(id, reason).catch(() => {});
+  }
+}
+
+async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number, signal?: AbortSignal): Promise<T[]> {
+  const { workers, rankOffset } = deps;
+  const outcomes: Array<RunOutcome | undefined> = workers.members.map(() => undefined);
+  let threw: Ending | undefined;
+  let returned: Ending | undefined;
+  const ended = (r: number, o: RunOutcome): void => {
+    outcomes[r] = o;
+    const rank = rankOffset + r;
+    if (!o.ok) {
+      // Released by an ending already raised, or failed with the rank (its failure spreads as such).
+      if (workers.released && o.thrown.code === 'ABORTED') return;
+      if (workers.handles[r]!.error) return;
+      if (threw) return;
+      threw = { rank, seq: o.seq, thrown: o.thrown };
+      const why = `rank ${rank}'s program ${threw.thrown!.name === 'RankflowError' ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
+      workers.release(rank, 1n, why);
+      tellPrograms(workers, id, why);
+    } else if (outcomes.some((x) => x === undefined)) {
+      if (returned === undefined || o.seq < returned.seq) returned = { rank, seq: o.seq };
+      workers.release(rank, BigInt(o.seq + 1), `rank ${rank}'s program returned after collective #${o.seq}`);
+    }
+  };
+  const settled = await Promise.allSettled(workers.members.map(async (m, r) => {
+    try {
+      ended(r, await workers.call(r, (api) => cutShort<RunOutcome>(api.run(url, args, id), [m.untilFailed])));
+    } catch (e) {
+      // The rank died, or its failure ended the call: that is the run's end, not a program's.
+      if (workers.handles[r]!.error || workers.handles[r]!.exited) throw e;
+      // Anything else happened to the reply (its value could not be cloned): the program's failure.
+      const at: RankPosition = await workers.call(r, (api) => api.position());
+      ended(r, { ok: false, thrown: thrownOf(e), ...at });
+    }
+  }));
+  // A rank's failure (its own, or a peer's it was told of) is reported with the programs' errors.
+  const errors = [
+    ...settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : [])),
+    ...workers.handles.flatMap((h) => (h.error ? [h.error] : [])),
+  ];
+  if (errors.length > 0 || deps.destroying()) {
+    workers.clearReleases();
+    if (deps.destroying()) throw new RankflowError('ABORTED', 'group.run: the group was destroyed while its programs ran', { ...(errors[0] ? { cause: errors[0] } : {}) });
+    throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+  }
+  const done = outcomes as RunOutcome[];
+  const seqs = done.map((o) => o.seq);
+  const inStep = !threw && done.every((o) => o.ok && o.state === 'ready') && seqs.every((s) => s === seqs[0]);
+  if (!inStep) await recover(workers, Math.max(...seqs), Math.max(...done.map((o) => o.sessions)));
+  workers.clearReleases();
+  // A program that ended with the abort it was told of (rank.signal's reason, an AbortError of a
+  // timer or fetch bound to it) ended as asked: the run is ABORTED.
+  if (signal?.aborted && (!threw || threw.thrown!.code === 'ABORTED' || threw.thrown!.name === 'AbortError')) throw abortError('group.run', signal);
+  if (threw) throw programError(threw);
+  if (!inStep) {
+    const cut = done.find((o) => !o.ok) as Extract<RunOutcome, { ok: false }> | undefined;
+    if (cut || !seqs.every((s) => s === seqs[0])) throw mismatch(returned, done, rankOffset, cut);
+  }
+  return done.map((o) => (o as Extract<RunOutcome, { ok: true }>).value as T);
+}
+
+/** Every rank recovers to the group's numbers (the largest any rank used); a rank that cannot has failed. */
+async function recover(workers: Ranks, seq: number, sessions: number): Promise<void> {
+  const settled = await Promise.allSettled(workers.members.map((_, r) => workers.call(r, (api) => api.recover(seq, sessions))));
+  const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
+  if (errors.length > 0) {
+    workers.clearReleases();
+    throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+  }
+}
+
+/** The run's error when a program threw: its code where it threw a RankflowError, else PROGRAM_ERROR; what it threw is the cause. */
+function programError(e: Ending): RankflowError {
+  const t = e.thrown!;
+  const own = t.name === 'RankflowError' && isErrorCode(t.code);
+  return new RankflowError(own ? t.code as never : 'PROGRAM_ERROR', `rank ${e.rank}'s program ${own ? 'failed' : 'threw'}: ${thrownText(t)}`, {
+    rank: e.rank, cause: rebuildThrown(t), ...(t.phase !== undefined ? { phase: t.phase } : {}),
+  });
+}
+
+/** The run's error when the programs ran different collectives: the earliest return named, a released rank's error the cause. */
+function mismatch(returned: Ending | undefined, done: RunOutcome[], rankOffset: number, cut?: Extract<RunOutcome, { ok: false }>): RankflowError {
+  const seqs = done.map((o, r) => `rank ${rankOffset + r}: #${o.seq}`).join(', ');
+  const first = returned ? `rank ${returned.rank}'s program returned after collective #${returned.seq} while its peers went on` : 'the ranks\' programs ran different numbers of collectives';
+  return new RankflowError('STATE', `group.run: ${first} (last collectives ${seqs}): every rank's program must run the same collectives`, {
+    ...(returned ? { rank: returned.rank } : {}), ...(cut ? { cause: rebuildThrown(cut.thrown) } : {}),
+  });
+}
