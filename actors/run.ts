@@ -16,6 +16,8 @@ import { RankflowError, isErrorCode } from './core/errors.js';
 import { cutShort, type Ranks } from './ranks.js';
 import { rebuildThrown, thrownOf, thrownText, type ThrownValue } from './core/thrown.js';
 import type { RankPosition, RunOutcome } from '../workers/protocol.js';
+import type { Rendezvous } from './world/rendezvous.js';
+import { mergeRunEnds, runEndProblem, runEndWire, type RunEnd } from './world/run-end.js';
 
 export interface RunDeps {
   /** queues the run as a collective of the group */
@@ -27,14 +29,8 @@ export interface RunDeps {
   nextId: () => number;
   /** the group is being destroyed */
   destroying: () => boolean;
-}
-
-/** Why the run ended for the other ranks: the first program that threw, or the earliest return. */
-interface Ending {
-  rank: number;
-  /** the rank's sequence number when its program ended */
-  seq: number;
-  thrown?: ThrownValue;
+  /** a world of several processes: its connections (releases cross them; the run's end is agreed) */
+  world?: () => Rendezvous | undefined;
 }
 
 export function runPrograms<T>(deps: RunDeps, url: string, args: unknown, signal?: AbortSignal): Promise<T[]> {
@@ -72,61 +68,93 @@ function tellPrograms(workers: Ranks, id: number, reason: string): void {
 
 async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number, signal?: AbortSignal): Promise<T[]> {
   const { workers, rankOffset } = deps;
+  const rv = deps.world?.();
   const outcomes: Array<RunOutcome | undefined> = workers.members.map(() => undefined);
-  let threw: Ending | undefined;
-  let returned: Ending | undefined;
+  let threw: RunEnd['threw'];
+  let returned: RunEnd['returned'];
+  const release = (rank: number, above: number, message: string): void => {
+    workers.release(rank, BigInt(above), message);
+    rv?.announceRelease({ run: id, rank, above, message });
+  };
+  // Another process's program ended this run for its peers: release ours too.
+  const unsubscribe = rv?.onRelease((r) => {
+    if (r.run === id) workers.release(r.rank, BigInt(r.above), r.message);
+  });
   const ended = (r: number, o: RunOutcome): void => {
     outcomes[r] = o;
     const rank = rankOffset + r;
     if (!o.ok) {
       // Released by an ending already raised, or failed with the rank (its failure spreads as such).
       if (workers.released && o.thrown.code === 'ABORTED') return;
-      if (workers.handles[r]!.error) return;
-      if (threw) return;
-      threw = { rank, seq: o.seq, thrown: o.thrown };
-      const why = `rank ${rank}'s program ${threw.thrown!.name === 'RankflowError' ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
-      workers.release(rank, 1n, why);
+      if (workers.handles[r]!.error || threw) return;
+      threw = { rank, at: performance.timeOrigin + performance.now(), thrown: o.thrown };
+      const why = `rank ${rank}'s program ${o.thrown.name === 'RankflowError' ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
+      release(rank, 1, why);
       tellPrograms(workers, id, why);
     } else if (outcomes.some((x) => x === undefined)) {
       if (returned === undefined || o.seq < returned.seq) returned = { rank, seq: o.seq };
-      workers.release(rank, BigInt(o.seq + 1), `rank ${rank}'s program returned after collective #${o.seq}`);
+      release(rank, o.seq + 1, `rank ${rank}'s program returned after collective #${o.seq}`);
     }
   };
-  const settled = await Promise.allSettled(workers.members.map(async (m, r) => {
-    try {
-      ended(r, await workers.call(r, (api) => cutShort<RunOutcome>(api.run(url, args, id), [m.untilFailed])));
-    } catch (e) {
-      // The rank died, or its failure ended the call: that is the run's end, not a program's.
-      if (workers.handles[r]!.error || workers.handles[r]!.exited) throw e;
-      // Anything else happened to the reply (its value could not be cloned): the program's failure.
-      const at: RankPosition = await workers.call(r, (api) => api.position());
-      ended(r, { ok: false, thrown: thrownOf(e), ...at });
-    }
-  }));
-  // A rank's failure (its own, or a peer's it was told of) is reported with the programs' errors.
+  try {
+    const settled = await Promise.allSettled(workers.members.map(async (m, r) => {
+      try {
+        ended(r, await workers.call(r, (api) => cutShort<RunOutcome>(api.run(url, args, id), [m.untilFailed])));
+      } catch (e) {
+        // The rank died, or its failure ended the call: that is the run's end, not a program's.
+        if (workers.handles[r]!.error || workers.handles[r]!.exited) throw e;
+        // Anything else happened to the reply (its value could not be cloned): the program's failure.
+        const at: RankPosition = await workers.call(r, (api) => api.position());
+        ended(r, { ok: false, thrown: thrownOf(e), ...at });
+      }
+    }));
+    failedOrDestroyed(deps, settled);
+    const done = outcomes as RunOutcome[];
+    const seqs = done.map((o) => o.seq);
+    const local: RunEnd = {
+      run: id, seq: Math.max(...seqs), sessions: Math.max(...done.map((o) => o.sessions)),
+      inStep: !threw && done.every((o) => o.ok && o.state === 'ready') && seqs.every((x) => x === seqs[0]),
+      mismatch: done.some((o) => !o.ok) || seqs.some((x) => x !== seqs[0]),
+      ...(threw ? { threw } : {}), ...(returned ? { returned } : {}),
+    };
+    // In a world, every process's end counts: the same numbers and the same error everywhere.
+    const end = rv ? await agree(rv, local, workers) : local;
+    if (!end.inStep) await recover(workers, end.seq, end.sessions);
+    workers.clearReleases();
+    const t = end.threw?.thrown;
+    // A program that ended with the abort it was told of (rank.signal's reason, an AbortError of a
+    // timer or fetch bound to it) ended as asked: the run is ABORTED.
+    if (signal?.aborted && (!t || t.code === 'ABORTED' || t.name === 'AbortError')) throw abortError('group.run', signal);
+    if (end.threw) throw programError(end.threw.rank, end.threw.thrown);
+    // The programs ran different collectives (a release cut some short, or they ended at different numbers).
+    if (end.mismatch) throw mismatch(end.returned, done, rankOffset, done.find((o) => !o.ok) as Extract<RunOutcome, { ok: false }> | undefined);
+    return done.map((o) => (o as Extract<RunOutcome, { ok: true }>).value as T);
+  } finally {
+    unsubscribe?.();
+  }
+}
+
+/** A rank's failure (its own, or a peer's it was told of) or the group's destroy ends the run as such. */
+function failedOrDestroyed(deps: RunDeps, settled: PromiseSettledResult<unknown>[]): void {
+  const { workers } = deps;
   const errors = [
     ...settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : [])),
     ...workers.handles.flatMap((h) => (h.error ? [h.error] : [])),
   ];
-  if (errors.length > 0 || deps.destroying()) {
-    workers.clearReleases();
-    if (deps.destroying()) throw new RankflowError('ABORTED', 'group.run: the group was destroyed while its programs ran', { ...(errors[0] ? { cause: errors[0] } : {}) });
-    throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
-  }
-  const done = outcomes as RunOutcome[];
-  const seqs = done.map((o) => o.seq);
-  const inStep = !threw && done.every((o) => o.ok && o.state === 'ready') && seqs.every((s) => s === seqs[0]);
-  if (!inStep) await recover(workers, Math.max(...seqs), Math.max(...done.map((o) => o.sessions)));
+  if (errors.length === 0 && !deps.destroying()) return;
   workers.clearReleases();
-  // A program that ended with the abort it was told of (rank.signal's reason, an AbortError of a
-  // timer or fetch bound to it) ended as asked: the run is ABORTED.
-  if (signal?.aborted && (!threw || threw.thrown!.code === 'ABORTED' || threw.thrown!.name === 'AbortError')) throw abortError('group.run', signal);
-  if (threw) throw programError(threw);
-  if (!inStep) {
-    const cut = done.find((o) => !o.ok) as Extract<RunOutcome, { ok: false }> | undefined;
-    if (cut || !seqs.every((s) => s === seqs[0])) throw mismatch(returned, done, rankOffset, cut);
-  }
-  return done.map((o) => (o as Extract<RunOutcome, { ok: true }>).value as T);
+  if (deps.destroying()) throw new RankflowError('ABORTED', 'group.run: the group was destroyed while its programs ran', { ...(errors[0] ? { cause: errors[0] } : {}) });
+  throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+}
+
+/** Every process's RunEnd, checked and merged; a rank's failure meanwhile ends the wait. */
+async function agree(rv: Rendezvous, local: RunEnd, workers: Ranks): Promise<RunEnd> {
+  const ends = await cutShort(rv.exchange<RunEnd>(runEndWire(local)), workers.members.map((m) => m.untilFailed));
+  ends.forEach((e, i) => {
+    const problem = runEndProblem(e, local.run, rv.peers[i]!);
+    if (problem) throw new RankflowError('STATE', `group.run: the process of ranks ${rv.peers[i]!.rankOffset}.. sent an invalid end of run ${local.run}: ${problem}`);
+  });
+  return mergeRunEnds(ends);
 }
 
 /** Every rank recovers to the group's numbers (the largest any rank used); a rank that cannot has failed. */
@@ -140,16 +168,15 @@ async function recover(workers: Ranks, seq: number, sessions: number): Promise<v
 }
 
 /** The run's error when a program threw: its code where it threw a RankflowError, else PROGRAM_ERROR; what it threw is the cause. */
-function programError(e: Ending): RankflowError {
-  const t = e.thrown!;
+function programError(rank: number, t: ThrownValue): RankflowError {
   const own = t.name === 'RankflowError' && isErrorCode(t.code);
-  return new RankflowError(own ? t.code as never : 'PROGRAM_ERROR', `rank ${e.rank}'s program ${own ? 'failed' : 'threw'}: ${thrownText(t)}`, {
-    rank: e.rank, cause: rebuildThrown(t), ...(t.phase !== undefined ? { phase: t.phase } : {}),
+  return new RankflowError(own ? t.code as never : 'PROGRAM_ERROR', `rank ${rank}'s program ${own ? 'failed' : 'threw'}: ${thrownText(t)}`, {
+    rank, cause: rebuildThrown(t), ...(t.phase !== undefined ? { phase: t.phase } : {}),
   });
 }
 
 /** The run's error when the programs ran different collectives: the earliest return named, a released rank's error the cause. */
-function mismatch(returned: Ending | undefined, done: RunOutcome[], rankOffset: number, cut?: Extract<RunOutcome, { ok: false }>): RankflowError {
+function mismatch(returned: RunEnd['returned'], done: RunOutcome[], rankOffset: number, cut?: Extract<RunOutcome, { ok: false }>): RankflowError {
   const seqs = done.map((o, r) => `rank ${rankOffset + r}: #${o.seq}`).join(', ');
   const first = returned ? `rank ${returned.rank}'s program returned after collective #${returned.seq} while its peers went on` : 'the ranks\' programs ran different numbers of collectives';
   return new RankflowError('STATE', `group.run: ${first} (last collectives ${seqs}): every rank's program must run the same collectives`, {

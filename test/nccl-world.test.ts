@@ -55,6 +55,8 @@ function rendezvous(peers: RendezvousPeer[], self: number, others: unknown[]): R
     onPeerLost: () => () => {},
     announceFailure: () => {},
     onRankFailed: () => () => {},
+    announceRelease: () => {},
+    onRelease: () => () => {},
     close: async () => {},
   };
 }

@@ -217,3 +217,32 @@ describe.each([
     expect(await Promise.all(procs.map((c) => c.exited))).toEqual(procs.map(() => 0));
   });
 });
+
+// A program error in a world of processes (API.md "Faults"): the program's process releases its peers
+// in every process at once (the release crosses the rendezvous), every process's run rejects with the
+// same error (the thrower's, or STATE naming the program that returned early), and every process
+// recovers to the same numbers: the next collective across the world is exact.
+describe('a rank program that throws or returns early in a world of 2 processes x 2 ranks', () => {
+  it('every process rejects with the same error naming the rank, within a second, and the world goes on', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const faults = Array.from({ length: 8 }, (_, k) => ({ who: k % 4, at: 3 + k, how: k % 2 === 0 ? 'throw' : 'return' }));
+    const procs = [0, 2].map((rankOffset) => forkFixture('world-child', { url, worldSize: 4, rankOffset, ranks: 2, cpuSeconds: 600, faults }));
+    children.push(...procs);
+    await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+    for (const f of faults) {
+      const seen = await Promise.all(procs.map((c) => c.next('fault', 30_000)));
+      for (const m of seen) {
+        const e = m.error as { code: string; rank: number; message: string; cause: string | null; at: number };
+        if (f.how === 'throw') {
+          expect(e).toMatchObject({ code: 'PROGRAM_ERROR', rank: f.who, message: expect.stringMatching(new RegExp(`^rank ${f.who}'s program threw: TypeError: boom at`)) });
+          expect(e.at - Number(/boom at ([\d.]+)/.exec(e.cause!)![1])).toBeLessThan(1000);
+        } else {
+          expect(e).toMatchObject({ code: 'STATE', rank: f.who, message: expect.stringMatching(new RegExp(`rank ${f.who}'s program returned after collective`)) });
+        }
+        expect(m.states).toEqual(['ready', 'ready']);
+        for (const d of m.gathered as number[][]) expect(d).toEqual([0, 0, 1, -1, 2, -2, 3, -3]);
+      }
+    }
+    expect(await Promise.all(procs.map((c) => c.exited))).toEqual([0, 0]);
+  }, 120_000);
+});

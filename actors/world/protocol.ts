@@ -3,7 +3,7 @@
 // processes and rank ranges in messages. A socket is never trusted, not even an authenticated one:
 // a member with a bug must be dropped with a reason, not crash or stall the others.
 import { RankflowError, type RankflowErrorCode } from '../core/errors.js';
-import type { RankFailure, RendezvousPeer } from './rendezvous.js';
+import type { RunRelease, RankFailure, RendezvousPeer } from './rendezvous.js';
 
 export const PROTOCOL = 'rankflow-rendezvous/2';
 
@@ -53,6 +53,7 @@ export type Message =
   | { t: 'xerr'; seq: number; code: RankflowErrorCode; message: string; rank?: number }
   | { t: 'lost'; index: number; reason: string }
   | { t: 'failed'; from: number; failure: RankFailure }
+  | { t: 'released'; from: number; release: RunRelease }
   | { t: 'bye' };
 
 /** What a Channel delivers: a JSON object with a string `t`, and nothing else known yet. */
@@ -142,6 +143,21 @@ export function failureProblem(f: unknown, of: { rankOffset: number; localRanks:
   if (!isText(f.message, LIMITS.textChars)) return 'failure.message is not a string of bounded length';
   if (f.phase !== undefined && !isText(f.phase, LIMITS.idChars)) return 'failure.phase is not a short string';
   return undefined;
+}
+
+/** A run's release as its process announces it: the rank must be one of that process's. */
+export function releaseProblem(r: unknown, of: { rankOffset: number; localRanks: number }): string | undefined {
+  if (!isObject(r)) return 'release is not an object';
+  if (!isInt(r.run, 1, Number.MAX_SAFE_INTEGER)) return `release.run ${quote(r.run)} is not a run number`;
+  if (!isInt(r.rank, of.rankOffset, of.rankOffset + of.localRanks - 1)) return `release.rank ${quote(r.rank)} is not one of ${fmt(rangeOf(of))}`;
+  if (!isInt(r.above, 1, Number.MAX_SAFE_INTEGER)) return `release.above ${quote(r.above)} is not a sequence number`;
+  if (!isText(r.message, LIMITS.textChars)) return 'release.message is not a string of bounded length';
+  return undefined;
+}
+
+/** Only the fields a RunRelease has, from a checked one. */
+export function toRelease(r: Record<string, unknown>): RunRelease {
+  return { run: r.run as number, rank: r.rank as number, above: r.above as number, message: r.message as string };
 }
 
 /** Only the fields a RankFailure has, from a checked one. */

@@ -82,6 +82,19 @@ export interface RankFailure {
   phase?: string;
 }
 
+/**
+ * A rank program of this process ended its run for the others (actors/run.ts): the other processes
+ * release their ranks' ops numbered `above` and later, in run `run` (each process counts its runs;
+ * every process runs the same ones).
+ */
+export interface RunRelease {
+  run: number;
+  /** global rank id of the program that ended */
+  rank: number;
+  above: number;
+  message: string;
+}
+
 export interface Rendezvous {
   /** One entry per process, sorted by rankOffset; this process included. */
   readonly peers: readonly RendezvousPeer[];
@@ -113,6 +126,10 @@ export interface Rendezvous {
    * replayed. Returns an unsubscribe function.
    */
   onRankFailed(cb: (f: RankFailure) => void): () => void;
+  /** Tells every other process that a program of this one released a run (best effort). */
+  announceRelease(r: RunRelease): void;
+  /** Called once per release another process announces (not replayed: a release is for the run in progress). */
+  onRelease(cb: (r: RunRelease) => void): () => void;
   /** Says goodbye and closes the connections; pending exchanges reject with STATE. */
   close(): Promise<void>;
 }

@@ -6,10 +6,10 @@
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
 import {
-  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, toFailure, toWire, who,
+  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, releaseProblem, toFailure, toRelease, toWire, who,
   type Join, type Message,
 } from './protocol.js';
-import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer } from './rendezvous.js';
+import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
 
 // How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
 // one ahead (it cannot finish #n without the leader's value for #n).
@@ -35,6 +35,7 @@ abstract class Session implements Rendezvous {
   private readonly listeners = new Set<(lost: PeerLost) => void>();
   private readonly failures: RankFailure[] = [];
   private readonly failureListeners = new Set<(f: RankFailure) => void>();
+  private readonly releaseListeners = new Set<(r: RunRelease) => void>();
 
   constructor(
     readonly peers: readonly RendezvousPeer[],
@@ -46,7 +47,24 @@ abstract class Session implements Rendezvous {
   abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
   abstract close(): Promise<void>;
   abstract announceFailure(f: RankFailure): void;
+  abstract announceRelease(r: RunRelease): void;
   protected abstract failPending(error: RankflowError): void;
+
+  onRelease(cb: (r: RunRelease) => void): () => void {
+    this.releaseListeners.add(cb);
+    return () => this.releaseListeners.delete(cb);
+  }
+
+  /** A release another process announced (checked): for this process's listeners. */
+  protected released(r: RunRelease): void {
+    if (this.closed) return;
+    for (const cb of this.releaseListeners) cb(r);
+  }
+
+  /** A release of this process, as it crosses: bounded, as the receivers check it. */
+  protected static releaseWire(r: RunRelease): RunRelease {
+    return { run: r.run, rank: r.rank, above: r.above, message: String(r.message).slice(0, LIMITS.textChars) };
+  }
 
   onRankFailed(cb: (f: RankFailure) => void): () => void {
     this.failureListeners.add(cb);
@@ -145,6 +163,12 @@ export class LeaderSession extends Session {
             // A star: the leader passes a follower's failure on to the other followers.
             for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'failed', from: index, failure });
             this.rankFailed(failure);
+          } else if (m.t === 'released') {
+            const problem = releaseProblem(m.release, peer);
+            if (problem) return ch.drop(`it announced an invalid release: ${problem}`);
+            const release = toRelease(m.release as Record<string, unknown>);
+            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'released', from: index, release });
+            this.released(release);
           } else if (m.t === 'bye') {
             this.goodbyes.add(index);
             ch.end();
@@ -191,6 +215,11 @@ export class LeaderSession extends Session {
   announceFailure(failure: RankFailure): void {
     if (this.closed) return;
     this.broadcast({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
+  }
+
+  announceRelease(release: RunRelease): void {
+    if (this.closed) return;
+    this.broadcast({ t: 'released', from: this.self, release: Session.releaseWire(release) });
   }
 
   private entry(seq: number): PendingExchange {
@@ -279,6 +308,10 @@ export class FollowerSession extends Session {
           const problem = isInt(m.from, 0, n - 1) && m.from !== this.self ? failureProblem(m.failure, this.peers[m.from]!) : `from ${quote(m.from)} is not another process`;
           if (problem) return channel.drop(`the leader relayed an invalid failure: ${problem}`);
           this.rankFailed(toFailure(m.failure as Record<string, unknown>));
+        } else if (m.t === 'released') {
+          const problem = isInt(m.from, 0, n - 1) && m.from !== this.self ? releaseProblem(m.release, this.peers[m.from]!) : `from ${quote(m.from)} is not another process`;
+          if (problem) return channel.drop(`the leader relayed an invalid release: ${problem}`);
+          this.released(toRelease(m.release as Record<string, unknown>));
         } else if (m.t === 'bye') {
           this.leaderLeft = true;
         } else {
@@ -330,6 +363,11 @@ export class FollowerSession extends Session {
   announceFailure(failure: RankFailure): void {
     if (this.closed || this.leaderLeft) return;
     this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
+  }
+
+  announceRelease(release: RunRelease): void {
+    if (this.closed || this.leaderLeft) return;
+    this.channel.send({ t: 'released', from: this.self, release: Session.releaseWire(release) });
   }
 
   protected failPending(error: RankflowError): void {
