@@ -53,6 +53,8 @@ export class Group extends EventEmitter<GroupEvents> {
   private bufferBytes = 0;
   private workspaceBytes = 0;
   private symmetricBytes = 0;
+  /** each rank's host segment as made (buffer.cpuBytes rounded up to 2 MiB): what an engram table may fill */
+  private cpuBytes = 0;
   /** @internal */ detachers: Array<() => void> = [];
   /** @internal */ inspector?: InspectorHandle;
   /** The inspector page's URL ('http://127.0.0.1:PORT/', the port picked when 0 was asked) when created with `inspect: url`; else undefined. */
@@ -117,7 +119,7 @@ export class Group extends EventEmitter<GroupEvents> {
       buffer: this.buffer, opts: this.opts, ranks: this.ranks, workers: this.workers, signal: this.creation.signal,
       destroying: () => this.destroying, watchWorld: (rv) => this.watchWorld(rv), ...(this.world ? { world: this.world } : {}),
     }, plan);
-    ({ bufferBytes: this.bufferBytes, workspaceBytes: this.workspaceBytes, symmetricBytes: this.symmetricBytes } = sizes);
+    ({ bufferBytes: this.bufferBytes, workspaceBytes: this.workspaceBytes, symmetricBytes: this.symmetricBytes, cpuBytes: this.cpuBytes } = sizes);
   }
 
   /** The world's connections report lost processes and the failures of other processes' ranks. */
@@ -252,9 +254,9 @@ export class Group extends EventEmitter<GroupEvents> {
       const [entries, hidden] = list[0]!.shape as [number, number];
       if (hidden === 0) throw invalid('storages[0].shape[1]', 'must be positive: a row needs at least one element');
       const need = engramSizeHint({ entriesPerRank: entries, hidden, dtype: list[0]!.dtype });
-      const have = this.buffer.cpuBytes ?? 0;
-      if (have < entries * hidden * ELEMENT_BYTES[list[0]!.dtype])
-        throw invalid('buffer.cpuBytes', `is ${have}; this engram table needs a host segment of ${need} bytes (engramSizeHint)`);
+      // the segment the ranks made (info().cpuBytes), not the bytes asked for: the ranks take what fits it
+      if (this.cpuBytes < entries * hidden * ELEMENT_BYTES[list[0]!.dtype])
+        throw invalid('buffer.cpuBytes', `is ${this.buffer.cpuBytes ?? 0} (a host segment of ${this.cpuBytes} bytes); this engram table needs a host segment of ${need} bytes (engramSizeHint)`);
     } catch (e) {
       return Promise.reject(e);
     }

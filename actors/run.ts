@@ -91,7 +91,8 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
       const why = `rank ${rank}'s program ${o.thrown.name === 'RankflowError' ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
       release(rank, 1, why);
       tellPrograms(workers, id, why);
-    } else if (outcomes.some((x) => x === undefined)) {
+    } else if (rv || outcomes.some((x) => x === undefined)) {
+      // (in a world the other processes' programs may still run: a release that finds nobody is harmless)
       if (returned === undefined || o.seq < returned.seq) returned = { rank, seq: o.seq };
       release(rank, o.seq + 1, `rank ${rank}'s program returned after collective #${o.seq}`);
     }

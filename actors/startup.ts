@@ -38,7 +38,7 @@ export interface StartSite {
 }
 
 /** Starts every local rank and registers the windows; resolves with the buffer's sizes as rank 0 reports them. */
-export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBytes: number; workspaceBytes: number; symmetricBytes: number }> {
+export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBytes: number; workspaceBytes: number; symmetricBytes: number; cpuBytes: number }> {
   // A world meets first: its nodes (by world.nodeId) decide the ranks' domains. Processes of a node
   // must not share a GPU (their kernels time-slice: one waiting for a peer would crawl): each says
   // which GPUs its ranks use, and the world refuses a GPU named by two processes of a node.
@@ -85,7 +85,7 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
   }
   const exported = await Promise.all(g.ranks.map((_, r) => g.workers.call(r, (api) => api.exported())));
   const info = await g.workers.call(0, (api) => api.info());
-  const sizes = { bufferBytes: info.bufferBytes, workspaceBytes: info.workspaceBytes, symmetricBytes: info.symmetricBytes };
+  const sizes = { bufferBytes: info.bufferBytes, workspaceBytes: info.workspaceBytes, symmetricBytes: info.symmetricBytes, cpuBytes: info.cpuBytes };
   if (!g.world || !met) {
     const peers = exported.map((e: ExportedSegments) => ({ deviceFd: e.deviceFd, hostFd: e.hostFd }));
     if (g.backend === 'cuda') {

@@ -99,16 +99,28 @@ describe('engram: refusals and size hint', () => {
         await withGroup({ ranks: 2, buffer: base }, async (g) => {
             const err = (await g.engramWrite(randomTables(20, 2, 100, 128, 'bf16')).catch((e: unknown) => e)) as RankflowError;
             expect(err.code).toBe('EINVAL');
-            expect(err.message).toMatch(/^buffer\.cpuBytes: is 0; this engram table needs a host segment of 2097152 bytes \(engramSizeHint\)/);
+            expect(err.message).toMatch(/^buffer\.cpuBytes: is 0 \(a host segment of 0 bytes\); this engram table needs a host segment of 2097152 bytes \(engramSizeHint\)/);
             expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
         });
     });
 
     test('a table larger than the host segment is EINVAL naming buffer.cpuBytes', async () => {
         await withGroup({ ranks: 2, buffer: { ...base, cpuBytes: MiB } }, async (g) => {
-            const err = (await g.engramWrite(randomTables(21, 2, 4097, 128, 'bf16')).catch((e: unknown) => e)) as RankflowError;
+            // 1 MiB asked for is a 2 MiB segment: 8193 rows of 256 bytes are one row too many
+            const err = (await g.engramWrite(randomTables(21, 2, 8193, 128, 'bf16')).catch((e: unknown) => e)) as RankflowError;
             expect(err.code).toBe('EINVAL');
-            expect(err.message).toMatch(/buffer\.cpuBytes: is 1048576; this engram table needs a host segment of 2097152 bytes/);
+            expect(err.message).toMatch(/buffer\.cpuBytes: is 1048576 \(a host segment of 2097152 bytes\); this engram table needs a host segment of 4194304 bytes/);
+        });
+    });
+
+    test('a table that fills the segment the ranks made (buffer.cpuBytes rounded up to 2 MiB, as info() says) is taken in driver mode as in a rank program', async () => {
+        await withGroup({ ranks: 2, buffer: { ...base, cpuBytes: MiB } }, async (g) => {
+            expect((await g.info(0)).cpuBytes).toBe(2 * MiB);
+            const tables = randomTables(23, 2, 8192, 128, 'bf16');  // 2 MiB a rank
+            await g.engramWrite(tables);
+            const rows = await g.engramFetch([Int32Array.of(8191), Int32Array.of(8192)]);
+            expect(rows[0]!.data).toEqual(tables[0]!.data.subarray(8191 * 128));
+            expect(rows[1]!.data).toEqual(tables[1]!.data.subarray(0, 128));
         });
     });
 

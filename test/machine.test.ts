@@ -233,3 +233,68 @@ describe('failures', () => {
     expect(r.state()).toBe('destroyed');
   });
 });
+
+describe("a run's release and the group's recovery", () => {
+  const release: FailureInfo = { code: 'ABORTED', message: "rank 1's program threw: TypeError: boom (rank 2 was released from barrier, collective #4)", rank: 1, phase: 'barrier' };
+
+  test.each([
+    ['barrier', { type: 'BARRIER', withCpuSync: false } as RankEvent, 'barrier'],
+    ['dispatch (its CPU sync)', { type: 'DISPATCH' } as RankEvent, 'dispatching.cpuSync'],
+    ['a session open', { type: 'SESSION_OPEN' } as RankEvent, 'session.opening'],
+  ])('an op released in %s (FAILED with ABORTED) ends in released, not failed; it refuses every op until RECOVER', (_, event, inOp) => {
+    const r = ready();
+    r.send(event);
+    if (inOp === 'dispatching.cpuSync') r.send({ type: 'WAITING' });
+    expect(r.state()).toBe(inOp);
+    r.send({ type: 'FAILED', error: release });
+    expect(r.state()).toBe('released');
+    expect(r.context()).toMatchObject({ error: release, op: null });
+    for (const e of [{ type: 'BARRIER', withCpuSync: false }, { type: 'DISPATCH' }, { type: 'SESSION_OPEN' }, { type: 'ENGRAM_FETCH' }] as RankEvent[]) expect(r.takes(e)).toBe(false);
+    r.send({ type: 'RECOVER', seq: 9 });
+    expect(r.state()).toBe('recovering');
+    r.send({ type: 'DONE' });
+    expect(r.state()).toBe('ready');
+    expect(r.context()).toMatchObject({ seq: 9, seqBefore: 9, error: null, op: null, inflight: { gather: 0, reduce: 0, fetch: 0 } });
+  });
+
+  test('RECOVER also from ready, an open session, and with async ops in flight (what a program left); not in the middle of an op', () => {
+    const fromReady = ready();
+    fromReady.send({ type: 'RECOVER', seq: 3 });
+    expect(fromReady.paths.slice(-1)).toEqual(['recovering']);
+    const inSession = ready();
+    inSession.send({ type: 'SESSION_OPEN' });
+    inSession.send({ type: 'DONE' });
+    inSession.send({ type: 'SESSION_ALL_GATHER' });
+    inSession.send({ type: 'ISSUED', kind: 'gather' });
+    expect(inSession.state()).toBe('session.gathering');
+    inSession.send({ type: 'RECOVER', seq: 5 });
+    inSession.send({ type: 'DONE' });
+    expect(inSession.state()).toBe('ready');
+    expect(inSession.context().inflight).toEqual({ gather: 0, reduce: 0, fetch: 0 });
+    const busy = ready();
+    busy.send({ type: 'BARRIER', withCpuSync: false });
+    expect(busy.takes({ type: 'RECOVER', seq: 1 })).toBe(false);
+  });
+
+  test("a peer's failure replaces a release as the rank's error; a failed rank cannot be recovered", () => {
+    const r = ready();
+    r.send({ type: 'BARRIER', withCpuSync: false });
+    r.send({ type: 'FAILED', error: release });
+    r.send({ type: 'PEER_FAILED', error: timeout });
+    expect(r.state()).toBe('failed');
+    expect(r.context().error).toEqual(timeout);
+    expect(r.takes({ type: 'RECOVER', seq: 1 })).toBe(false);
+    const own = ready();
+    own.send({ type: 'BARRIER', withCpuSync: false });
+    own.send({ type: 'FAILED', error: timeout });
+    own.send({ type: 'PEER_FAILED', error: release });
+    expect(own.context().error).toEqual(timeout);
+  });
+
+  test('a recovery that fails fails the rank', () => {
+    const r = ready();
+    r.send({ type: 'RECOVER', seq: 2 });
+    r.send({ type: 'FAILED', error: timeout });
+    expect(r.state()).toBe('failed');
+  });
+});

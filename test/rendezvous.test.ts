@@ -7,6 +7,7 @@ import { afterEach, beforeAll, describe, expect, it } from 'vitest';
 
 import { rendezvous, type RendezvousPeer } from '../actors/world/rendezvous.js';
 import { RankflowError } from '../actors/core/errors.js';
+import { tokenProblem } from '../actors/world/auth.js';
 import { ensureCompiled, forkFixture, freePort, killAll, worldSources, type Child, type Message } from './helpers/children.js';
 import { authenticate, connectStranger, joinLine, waitFor, type Stranger } from './helpers/stranger.js';
 
@@ -205,6 +206,9 @@ describe('rendezvous', () => {
       [{ url: 'tcp://10.1.2.3:29500', rankOffset: 1 }, /token is required: 10\.1\.2\.3 is not a loopback address/],
       [{ url: 'tcp://0.0.0.0:29500' }, /token is required/],
       [{ token: 'short' } as never, /token must be a string of 16 to 1024 characters/],
+      // UTF-8 turns a lone surrogate into U+FFFD: '...\uD800' and '...\uDBFF' would be the same key
+      [{ token: 'a-token-of-enough-length\uD800' } as never, /token must be well-formed text: it holds a lone surrogate/],
+      [{ token: '\uDC00a-token-of-enough-length' } as never, /token must be well-formed text/],
       [{ nodeId: '' } as never, /nodeId must be a non-empty string of at most 256 characters/],
       [{ payload: null } as never, /payload must be a JSON object/],
     ];
@@ -214,6 +218,12 @@ describe('rendezvous', () => {
       await expect(p).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
     }
   });
+});
+
+it('a token with a surrogate pair (an emoji) is fine; only a lone surrogate is refused', () => {
+  expect(tokenProblem('a-token-with-an-emoji-\u{1F600}-in-it')).toBeUndefined();
+  expect(tokenProblem('a-token-of-enough-length\uD800')).toMatch(/lone surrogate/);
+  expect(tokenProblem('a-token-of-enough-length\uDBFF')).toMatch(/lone surrogate/);
 });
 
 describe('the table', () => {

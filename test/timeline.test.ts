@@ -118,6 +118,28 @@ describe('renderTimelineSvg', () => {
         expect(marks[0]!.attrs).toMatchObject({ 'data-failure': 'timeout', 'data-failed-rank': '1', 'data-phase': 'barrier.wait' });
     });
 
+    test("marks a run's release apart from failures: the ranks go released -> recovering -> ready, and the legend says it was a program's error", async () => {
+        const { createGroup } = await import('../actors/index.js');
+        const recorder = new TimelineRecorder();
+        const g = await createGroup({ backend: 'host', ranks: 3, buffer: { maxTokensPerRank: 4, hidden: 64, topk: 2, numExperts: 6 }, observers: [recorder] });
+        try {
+            await g.run(new URL('../dist/bench/programs/fault-loop.js', import.meta.url), { ops: 10, at: 3, who: 1, how: 'throw' }).catch(() => {});
+        } finally {
+            await g.destroy();
+        }
+        const tree = parseSvg(renderTimelineSvg(recorder.recording()));
+        const marks = withAttr(tree, 'data-failure');
+        expect(marks.length).toBeGreaterThanOrEqual(2);  // the two ranks the thrower released (at least: in an op or at its start)
+        for (const m of marks) {
+            expect(m.attrs).toMatchObject({ 'data-failure': 'release', 'data-code': 'ABORTED' });
+            expect(textOf(m)).toContain("rank 1's program threw: TypeError: boom");
+        }
+        expect(new Set(marks.map((m) => m.attrs['data-failed-rank']))).toEqual(new Set(['0', '2']));
+        const legend = withAttr(tree, 'data-legend-item').map((n) => n.attrs['data-legend-item']);
+        expect(legend).toEqual(expect.arrayContaining(['released', 'recovering', 'release']));
+        expect(legend).not.toContain('failure');
+    });
+
     test('has a time axis in ms', () => {
         const ticks = withAttr(parseSvg(svg), 'data-tick');
         expect(ticks.map((t) => t.attrs['data-tick'])).toEqual(['0', '50', '100', '150', '200', '250', '300']);

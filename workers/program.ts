@@ -174,7 +174,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     recordEvent: () => (needCuda('recordEvent'), native.eventRecord()),
     /** cuda: ms between two recorded events (waits for the stream); the events are kept */
     elapsedMs: async (start: bigint, end: bigint) => (needCuda('elapsedMs'), native.eventElapsed(start, end)),
-    destroyEvent: (e: bigint) => native.eventDestroy(e),
+    destroyEvent: (e: bigint) => (needCuda('destroyEvent'), native.eventDestroy(e)),
     /** cuda: mean ms of fn over iters runs, between CUDA events on the rank's stream (run a warm-up first) */
     timeIt: async (fn: (i: number) => Promise<unknown>, iters: number): Promise<number> => {
       needCuda('timeIt');
@@ -207,7 +207,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
       native.setOpTiming(on);
     },
     /** cuda: microseconds per call of an AGRS/engram/pipeline transport on device-resident data (bench/gpu-agrs) */
-    benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => native.benchAgrs(op, engine, bytes, iters),
+    benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => (needCuda('benchAgrs'), native.benchAgrs(op, engine, bytes, iters)),
     /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds (the compute-overlap case) */
     occupySms: (sms: number, ms: number) => (needCuda('occupySms'), native.occupy(sms, ms)),
     /** An AGRS session (every rank calls it): session tensors, allGather / reduceScatter, { async: true } (session-views.ts) */

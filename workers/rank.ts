@@ -15,6 +15,7 @@ import type { Tensor } from '../actors/core/tensor.js';
 import type { CombineInput, DispatchInput } from '../actors/core/validate.js';
 import { RankOps } from './ops.js';
 import { programHandle } from './program.js';
+import { forgetAfterRecovery } from './session-views.js';
 import type { RankInit, RankPosition, RunOutcome } from './protocol.js';
 import { thrownOf, type ThrownValue } from '../actors/core/thrown.js';
 import { EVENTS, RankRunner } from './runner.js';
@@ -135,6 +136,7 @@ const api = {
   recover(seq: number, sessions: number): void {
     ops.capturing = false;
     runner.recover(seq, () => native.recover(seq, sessions));
+    forgetAfterRecovery(ops);
   },
   abortRun(runId: number, reason: string): void {
     runs.abort(runId, reason);

@@ -11,7 +11,7 @@
 // the op's state while it is in flight), and COMPLETED (or FAILED) at its wait.
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
-import { checkTensor, ELEMENT_BYTES, fromBytes, numel, type DType, type Tensor } from '../actors/core/tensor.js';
+import { checkTensor, ELEMENT_BYTES, fromBytes, isDType, numel, type DType, type Tensor } from '../actors/core/tensor.js';
 import type { AsyncOptions, InFlightCollective, PendingFetch } from '../actors/core/types.js';
 import { checkPositiveInt } from '../actors/core/validate.js';
 import type { InFlightKind } from '../machines/index.js';
@@ -37,6 +37,27 @@ class SessionDeviceView<D extends DType = DType> extends DeviceTensor<D> {
 
 /** What each rank has in flight outside sessions (engram fetches), for clear refusals. */
 const fetchesInFlight = new WeakMap<RankOps, number>();
+/** Each rank's open sessions, and how many times it was recovered (ops in flight from before are gone). */
+const openSessions = new WeakMap<RankOps, Set<RankSession>>();
+const recoveries = new WeakMap<RankOps, number>();
+const recoveriesOf = (ops: RankOps): number => recoveries.get(ops) ?? 0;
+
+/**
+ * The rank was recovered after a run's release (ops/recover.cc waited for its ops in flight and closed
+ * its session): its sessions here are closed too, and the waits of what was in flight refuse.
+ */
+export function forgetAfterRecovery(ops: RankOps): void {
+  recoveries.set(ops, recoveriesOf(ops) + 1);
+  fetchesInFlight.delete(ops);
+  for (const s of openSessions.get(ops) ?? []) s.closedByRecovery();
+  openSessions.delete(ops);
+}
+
+/** STATE for the wait of an op issued before the rank was recovered (`since`: the count at its issue). */
+function checkNotRecovered(ops: RankOps, since: number, what: string): void {
+  if (recoveriesOf(ops) !== since)
+    throw new RankflowError('STATE', `wait(): this ${what} was issued in an earlier run, whose end waited for it (the group recovered its ranks then)`);
+}
 /** At most this many engram fetches in flight per rank (native/src/runtime/inflight.hpp kMaxFetches). */
 export const MAX_FETCHES_IN_FLIGHT = 16;
 
@@ -88,15 +109,29 @@ export class RankSession {
   private readonly cuda: boolean;
   private window: bigint | undefined;
 
+  /** the views this session handed out: offsetOf answers for these only */
+  private readonly mine = new WeakSet<object>();
+
   constructor(private readonly ops: RankOps, readonly maxBytes: number, readonly maxAllGathers: number) {
     this.W = ops.init.worldSize;
     this.cuda = ops.init.backend === 'cuda';
+    let open = openSessions.get(ops);
+    if (!open) openSessions.set(ops, (open = new Set()));
+    open.add(this);
+  }
+
+  /** @internal the group's recovery closed the session natively (forgetAfterRecovery) */
+  closedByRecovery(): void {
+    this.closed = true;
+    this.pending = 0;
+    this.busy.clear();
+    for (const v of this.deviceViews.splice(0)) v.revoke('this tensor is a view of an AGRS session closed when the group recovered from a released run');
   }
 
   /** A tensor in the session's buffer (my slot of a region of its own; one of the session's maxAllGathers). */
   tensor<D extends DType>(dtype: D, shape: number[]): SessionTensor<D> {
     this.checkOpen('tensor');
-    if (!(dtype in ELEMENT_BYTES)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
+    if (!isDType(dtype)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
     if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid('shape', 'must be a list of non-negative integers');
     const bytes = numel(shape) * ELEMENT_BYTES[dtype];
     if (bytes === 0) throw invalid('shape', 'a session tensor needs at least one element');
@@ -125,8 +160,12 @@ export class RankSession {
 
   /** The byte offset of a session tensor or result in the rank's window: the same offset in every peer's window. */
   offsetOf(t: AnyTensor): number {
-    const at = isDeviceTensor(t) ? viewOffsets.get(t) : ArrayBuffer.isView((t as Tensor)?.data) ? viewOffsets.get((t as Tensor).data.buffer) : undefined;
+    const key = isDeviceTensor(t) ? t : ArrayBuffer.isView((t as Tensor)?.data) ? (t as Tensor).data.buffer : undefined;
+    const at = key !== undefined ? viewOffsets.get(key) : undefined;
     if (at === undefined) throw invalid('tensor', "is not a view of a session's buffer (s.tensor() or a collective's result)");
+    // Another session's view names memory this one may reuse: its offset would be stale.
+    if (!this.mine.has(key!)) throw new RankflowError('STATE', "offsetOf: the tensor is a view of another AGRS session's buffer (a closed one's memory is reused)");
+    this.checkOpen('offsetOf');
     return at + (isDeviceTensor(t) ? 0 : (t as Tensor).data.byteOffset);
   }
 
@@ -135,6 +174,7 @@ export class RankSession {
     if (this.pending > 0) throw new RankflowError('STATE', `close(): ${this.pending} collective(s) of this session are in flight: wait() for them first`);
     this.ops.sessionClose(); // natively: host views detached
     this.closed = true;
+    openSessions.get(this.ops)?.delete(this);
     for (const v of this.deviceViews.splice(0)) v.revoke('this tensor is a view of a closed AGRS session (the next session reuses its memory)');
   }
 
@@ -220,10 +260,12 @@ export class RankSession {
     if (kind === 'gather' && viewOffsets.has(this.keyOf(t)) && this.offsetOf(t) === at + this.ops.init.rank * size) writes.push(this.keyOf(t));
     for (const k of writes) this.busy.set(k, (this.busy.get(k) ?? 0) + 1);
     let waited = false;
+    const since = recoveriesOf(this.ops);
     return {
       result,
       wait: async () => {
         if (waited) throw new RankflowError('STATE', `wait(): this ${what} was waited for already (wait() once)`);
+        checkNotRecovered(this.ops, since, what);
         waited = true;
         this.pending--;
         for (const k of writes) {
@@ -255,12 +297,14 @@ export class RankSession {
       const ab = native.windowView(offset, bytes);
       hostViews.add(ab);
       viewOffsets.set(ab, offset);
+      this.mine.add(ab);
       return fromBytes(dtype, shape, new Uint8Array(ab)) as SessionTensor<D>;
     }
     this.window ??= native.info().window;
     const v = new SessionDeviceView(native, dtype, shape, this.window + BigInt(offset), false);
     this.deviceViews.push(v);
     viewOffsets.set(v, offset);
+    this.mine.add(v);
     return v as unknown as SessionTensor<D>;
   }
 }
@@ -303,9 +347,11 @@ export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Te
   fetchesInFlight.set(ops, (fetchesInFlight.get(ops) ?? 0) + 1);
   const shape = [ids.length, ...meta.rowShape];
   let waited = false;
+  const since = recoveriesOf(ops);
   return {
     wait: async () => {
       if (waited) throw new RankflowError('STATE', 'wait(): this engramFetch was waited for already (wait() once)');
+      checkNotRecovered(ops, since, 'engramFetch');
       waited = true;
       fetchesInFlight.set(ops, (fetchesInFlight.get(ops) ?? 1) - 1);
       const owned = ops.init.backend === 'cuda' ? new DeviceTensor(native, meta.dtype, shape, ptr) : null;

@@ -112,7 +112,7 @@ const DEVICE_ALIGNMENT = 16;
 export function externalTensor<D extends DType>(mem: ExternalMemory, ptr: unknown, dtype: D, shape: number[], opts?: { owner?: unknown }): DeviceTensor<D> {
   if (typeof ptr !== 'bigint' || ptr <= 0n || ptr >= 1n << 64n) throw invalid('ptr', `must be a device address as a BigInt in (0, 2^64) (got ${typeof ptr === 'bigint' ? ptr : typeof ptr})`);
   if (ptr % BigInt(DEVICE_ALIGNMENT) !== 0n) throw invalid('ptr', `0x${ptr.toString(16)} is not ${DEVICE_ALIGNMENT}-byte aligned: rankflow's kernels move 16 bytes at a time`);
-  if (typeof dtype !== 'string' || !(dtype in ELEMENT_BYTES)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
+  if (!isDType(dtype)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
   if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid('shape', 'must be a list of non-negative integers');
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { owner? }');
   const bytes = numel(shape) * ELEMENT_BYTES[dtype];

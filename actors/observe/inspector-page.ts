@@ -174,7 +174,7 @@ function setState(rank, path) {
 function showFailure(rank, text, timeout) {
   var card = cards[rank];
   if (!card) return;
-  card.failureEl.hidden = false;
+  card.failureEl.hidden = text === '';
   card.failureEl.textContent = text;
   if (timeout) card.failureEl.setAttribute('data-timeout', '');
 }
@@ -233,8 +233,12 @@ function onTransition(t) {
   setState(t.rank, t.to);
   var what = t.op !== undefined ? '  ' + t.op + (t.seq !== undefined ? ' #' + t.seq : '') : '';
   var failed = topOf(t.to) === 'failed';
+  var released = t.to === 'released';
   log(t.at, '+' + ms(t.at - run.startedAt) + '  rank ' + t.rank + '  ' + t.from + ' \\u2192 ' + t.to + '  ' + t.event + what +
-      (t.phase ? '  phase ' + t.phase : ''), failed);
+      (t.phase ? '  phase ' + t.phase : '') + (released && t.error ? '  ' + t.error.message : ''), failed || released);
+  // A release is a program's error: the rank lives on (recovering, then ready), so the card says so and clears.
+  if (released && cards[t.rank]) showFailure(t.rank, 'released: ' + (t.error ? t.error.message : 'a program ended the run'), false);
+  if (t.from === 'recovering' && t.to === 'ready' && cards[t.rank]) showFailure(t.rank, '', false);
   if (failed && cards[t.rank]) {
     // The phase comes with the transition; the group's failed event, which may come before or
     // after it, brings the code and message. The card shows both, whichever order they arrive in.

@@ -28,7 +28,7 @@ export interface TimelineCollective {
     entries: Array<{ rank: number; at: number }>;
 }
 
-/** A failure or timeout, with the rank and the phase it happened in. */
+/** A failure or timeout, or a run's release of a rank (a program's error: the rank lives on), with the rank and the phase it happened in. */
 export interface TimelineFailure {
     rank: number;
     at: number;
@@ -36,6 +36,8 @@ export interface TimelineFailure {
     phase: string;
     message: string;
     timeout: boolean;
+    /** a release (the rank went to `released`, then back to ready), not a failure */
+    release?: true;
 }
 
 /**
@@ -236,6 +238,14 @@ function collectFailures(recording: TimelineRecording, origin: number): Timeline
             phase: failure.phase ?? transition?.phase ?? failure.state ?? transition?.from ?? 'unknown',
             message: failure.message,
             timeout: isTimeoutCode(failure.code)
+        });
+    }
+    // A release is a program's error, not the rank's: its own mark, from the transition that carries it.
+    for (const t of recording.transitions) {
+        if (t.to !== 'released') continue;
+        failures.push({
+            rank: t.rank, at: t.at - origin, code: t.error?.code ?? t.event, phase: t.error?.phase ?? t.phase ?? t.from,
+            message: t.error?.message ?? `rank ${t.rank} was released in ${t.from}`, timeout: false, release: true,
         });
     }
     for (const transition of intoFailed) {

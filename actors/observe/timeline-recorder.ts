@@ -99,6 +99,8 @@ export class TimelineRecorder implements GroupObserver {
             if (transition.op !== undefined) record.op = transition.op;
             if (transition.seq !== undefined) record.seq = transition.seq;
             if (transition.phase !== undefined) record.phase = transition.phase;
+            // a release is not a failure (no 'failed' event): its error comes with the transition only
+            if (transition.to === 'released' && transition.error) record.error = { ...transition.error };
             this.push({ kind: 'transition', transition: record });
         };
         const onFailed = ({ rank, error }: { rank: number; error: RankFailureError }) => {

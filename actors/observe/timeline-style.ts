@@ -19,6 +19,8 @@ export const STATE_COLORS: Readonly<Record<string, string>> = {
     session: '#818cf8',
     engram: '#f472b6',
     pipeline: '#22d3ee',
+    released: '#c084fc',
+    recovering: '#a3e635',
     destroying: '#94a3b8',
     destroyed: '#cbd5e1',
     failed: '#ef4444'
@@ -38,6 +40,8 @@ export function stateColor(state: string): string {
 export const FONT = 'ui-sans-serif, system-ui, -apple-system, Segoe UI, Roboto, Helvetica, Arial, sans-serif';
 export const FAILURE_COLOR = '#b91c1c';
 export const TIMEOUT_COLOR = '#b45309';
+/** A run's release (a rank program threw or ended early): the rank lives on, unlike a failure. */
+export const RELEASE_COLOR = '#7e22ce';
 export const GUIDE_COLOR = '#475569';
 
 /**

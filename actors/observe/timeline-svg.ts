@@ -7,7 +7,7 @@
  *
  * Drawing is a pure function of the recording, so the same run always gives the same bytes.
  */
-import { layoutTimeline, type TimelineLayout } from './timeline-layout.js';
+import { layoutTimeline, type TimelineFailure, type TimelineLayout } from './timeline-layout.js';
 import { axisStep, timeScale, visibleTicks, type Span } from './timeline-scale.js';
 import type { TimelineRecording } from './timeline-recorder.js';
 import {
@@ -16,6 +16,7 @@ import {
     GUIDE_COLOR,
     STATE_COLORS,
     TIMEOUT_COLOR,
+    RELEASE_COLOR,
     escapeXml,
     formatMs,
     num,
@@ -219,15 +220,16 @@ export function renderTimelineSvg(recording: TimelineRecording, options: Timelin
     }
 
     for (const { failure, fx, cy, pillX, pillWidth, text } of marks) {
-        const color = failure.timeout ? TIMEOUT_COLOR : FAILURE_COLOR;
+        const kind = markKind(failure);
+        const color = MARK_COLORS[kind];
         out.push(
-            `<g data-failure="${failure.timeout ? 'timeout' : 'error'}" data-failed-rank="${failure.rank}" ` +
+            `<g data-failure="${kind}" data-failed-rank="${failure.rank}" ` +
                 `data-phase="${escapeXml(failure.phase)}" data-code="${escapeXml(failure.code)}">`,
             `<title>${escapeXml(`${text} at ${formatMs(failure.at)}: ${failure.message}`)}</title>`,
             `<rect x="${num(pillX)}" y="${num(cy - 8)}" width="${num(pillWidth)}" height="16" rx="3" fill="#ffffff" ` +
                 `fill-opacity="0.94" stroke="${color}" stroke-width="1"/>`,
             `<text x="${num(pillX + 5)}" y="${num(cy + 4)}" font-weight="600" fill="${color}">${escapeXml(text)}</text>`,
-            failureMark(fx, cy, 6, failure.timeout),
+            failureMark(fx, cy, 6, kind),
             '</g>'
         );
     }
@@ -245,7 +247,7 @@ export function renderTimelineSvg(recording: TimelineRecording, options: Timelin
         } else if (item.kind === 'break') {
             out.push(`<path d="${zigzag(item.x + 6, item.y - 1, item.y + 11)}" fill="none" stroke="#94a3b8" stroke-width="1"/>`);
         } else {
-            out.push(failureMark(item.x + 6, item.y + 5, 5.5, item.key === 'timeout'));
+            out.push(failureMark(item.x + 6, item.y + 5, 5.5, item.key === 'failure' ? 'error' : (item.key as MarkKind)));
         }
         out.push(`<text x="${num(item.x + 16)}" y="${num(item.y + 9)}" fill="#334155">${escapeXml(item.label)}</text>`, '</g>');
     }
@@ -275,15 +277,22 @@ function zigzag(x: number, y0: number, y1: number): string {
     return parts.join(' ');
 }
 
+type MarkKind = 'error' | 'timeout' | 'release';
+const MARK_COLORS: Record<MarkKind, string> = { error: FAILURE_COLOR, timeout: TIMEOUT_COLOR, release: RELEASE_COLOR };
+const markKind = (f: TimelineFailure): MarkKind => (f.release ? 'release' : f.timeout ? 'timeout' : 'error');
+
 /**
- * A failure is a cross in a disc; a timeout a clock face, so the two read apart without colour.
+ * A failure is a cross in a disc; a timeout a clock face; a release (a program's error: the rank
+ * lives on) a bar in a disc, so the three read apart without colour.
  */
-function failureMark(cx: number, cy: number, r: number, timeout: boolean): string {
-    const color = timeout ? TIMEOUT_COLOR : FAILURE_COLOR;
+function failureMark(cx: number, cy: number, r: number, kind: MarkKind): string {
+    const color = MARK_COLORS[kind];
     const k = r / 2;
-    const glyph = timeout
+    const glyph = kind === 'timeout'
         ? `M${num(cx)} ${num(cy)} L${num(cx)} ${num(cy - r * 0.65)} M${num(cx)} ${num(cy)} L${num(cx + r * 0.5)} ${num(cy)}`
-        : `M${num(cx - k)} ${num(cy - k)} L${num(cx + k)} ${num(cy + k)} M${num(cx + k)} ${num(cy - k)} L${num(cx - k)} ${num(cy + k)}`;
+        : kind === 'release'
+            ? `M${num(cx - k)} ${num(cy)} L${num(cx + k)} ${num(cy)}`
+            : `M${num(cx - k)} ${num(cy - k)} L${num(cx + k)} ${num(cy + k)} M${num(cx + k)} ${num(cy - k)} L${num(cx - k)} ${num(cy + k)}`;
     return (
         `<circle cx="${num(cx)}" cy="${num(cy)}" r="${num(r)}" fill="${color}" stroke="#ffffff" stroke-width="1.5"/>` +
         `<path d="${glyph}" stroke="#ffffff" stroke-width="1.5" stroke-linecap="round" fill="none"/>`
@@ -315,8 +324,9 @@ function legendItems(layout: TimelineLayout): LegendItem[] {
     const others = [...used].filter((state) => !(state in STATE_COLORS)).sort();
     const items: LegendItem[] = [...known, ...others].map((state) => ({ kind: 'state', key: state, label: state }));
     if (layout.collectives.length > 0) items.push({ kind: 'collective', key: 'collective', label: 'collective (op #seq)' });
-    if (layout.failures.some((f) => !f.timeout)) items.push({ kind: 'failure', key: 'failure', label: 'failure' });
-    if (layout.failures.some((f) => f.timeout)) items.push({ kind: 'failure', key: 'timeout', label: 'timeout' });
+    if (layout.failures.some((f) => markKind(f) === 'error')) items.push({ kind: 'failure', key: 'failure', label: 'failure' });
+    if (layout.failures.some((f) => markKind(f) === 'timeout')) items.push({ kind: 'failure', key: 'timeout', label: 'timeout' });
+    if (layout.failures.some((f) => markKind(f) === 'release')) items.push({ kind: 'failure', key: 'release', label: "released (a program's error)" });
     if (layout.breaks.length > 0) items.push({ kind: 'break', key: 'break', label: 'all ranks idle (shrunk)' });
     return items;
 }

@@ -25,9 +25,14 @@ export const TOKEN_MIN_CHARS = 16;
 export const TOKEN_MAX_CHARS = 1024;
 
 /** What is wrong with a token, or undefined. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
 export function tokenProblem(token: unknown): string | undefined {
   if (typeof token !== 'string' || token.length < TOKEN_MIN_CHARS || token.length > TOKEN_MAX_CHARS)
     return `must be a string of ${TOKEN_MIN_CHARS} to ${TOKEN_MAX_CHARS} characters, the same in every process (e.g. the output of \`openssl rand -hex 32\`); got ${typeof token === 'string' ? `${token.length} characters` : typeof token}`;
+  // The HMAC key is the token's UTF-8: a lone surrogate becomes U+FFFD there, so two different tokens
+  // would be one key.
+  if (LONE_SURROGATE.test(token)) return 'must be well-formed text: it holds a lone surrogate (UTF-8 would turn it into U+FFFD, so tokens that differ only there would match)';
   return undefined;
 }
 
