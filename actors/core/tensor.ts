@@ -79,7 +79,7 @@ export function checkTensor(name: string, t: unknown, opts: { dtypes?: readonly 
   }
   if (!(data instanceof (ARRAY_OF[dtype] as unknown as typeof Uint8Array))) throw invalid(`${name}.data`, `must be a ${NAME_OF[dtype]} for dtype ${dtype}`);
   if (data.length !== numel(shape)) {
-    const gone = data.buffer.byteLength === 0 && numel(shape) > 0 ? ' (its memory is detached: a view of a closed AGRS session, or a transferred buffer)' : '';
+    const gone = isDetached(data.buffer) ? ' (its memory is detached: a view of a closed AGRS session, or a transferred buffer)' : '';
     throw invalid(`${name}.data`, `has ${data.length} elements, shape [${shape.join(', ')}] needs ${numel(shape)}${gone}`);
   }
 }
@@ -87,5 +87,20 @@ export function checkTensor(name: string, t: unknown, opts: { dtypes?: readonly 
 /** Checks a flat typed array argument (topkIdx, topkWeights, indices). */
 export function checkArray(name: string, a: unknown, ctor: typeof Int32Array | typeof Float32Array, length?: number): void {
   if (!(a instanceof ctor)) throw invalid(name, `must be a ${ctor.name}`);
+  if (isDetached(a.buffer)) throw invalid(name, 'its memory is detached (a transferred buffer, or a view of a closed AGRS session)');
   if (length !== undefined && a.length !== length) throw invalid(name, `has ${a.length} elements, expected ${length}`);
+}
+
+/**
+ * Whether `buffer` was detached (transferred, or a session view's memory taken back): only an empty
+ * one can be, and a view of a detached buffer cannot be made (Node 20 has no ArrayBuffer#detached).
+ */
+export function isDetached(buffer: ArrayBufferLike): boolean {
+  if (buffer.byteLength !== 0 || typeof SharedArrayBuffer !== 'undefined' && buffer instanceof SharedArrayBuffer) return false;
+  try {
+    new Uint8Array(buffer);
+    return false;
+  } catch {
+    return true;
+  }
 }
