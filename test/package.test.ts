@@ -1,11 +1,12 @@
 /**
  * The package as npm would publish it: what the tarball holds (`npm pack --dry-run`: what a user
- * runs, no tests, no source maps pointing at sources it does not ship), the fields a registry and
- * Node read (license, os, exports), and that both `import` and `require` load it.
+ * runs, no tests, no source maps pointing at sources it does not ship and no comment naming a map it
+ * lacks), the fields a registry and Node read (license, os, exports), and that both `import` and
+ * `require` load it.
  */
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, posix } from 'node:path';
 import { promisify } from 'node:util';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { ensureCompiled, repoRoot } from './helpers/children.js';
@@ -42,6 +43,20 @@ describe('the tarball', () => {
         // Maps would point at TypeScript sources the tarball does not hold.
         expect(files.filter((f) => f.endsWith('.map'))).toEqual([]);
         expect(files.filter((f) => f.endsWith('.ts') && !f.endsWith('.d.ts'))).toEqual([]);
+    });
+
+    test('its JavaScript names no source map it does not ship', async () => {
+        // A `//# sourceMappingURL=` comment sends debuggers and bundlers after a file that is not there.
+        const scripts = files.filter((f) => /\.(m?js|d\.ts)$/.test(f));
+        expect(scripts.length).toBeGreaterThan(50);
+        const dangling: string[] = [];
+        for (const f of scripts) {
+            const text = await readFile(join(repoRoot, f), 'utf8');
+            for (const m of text.matchAll(/^\/\/# sourceMappingURL=(\S+)$/gm)) {
+                if (!files.includes(posix.join(posix.dirname(f), m[1]!))) dangling.push(`${f} -> ${m[1]}`);
+            }
+        }
+        expect(dangling).toEqual([]);
     });
 });
 
