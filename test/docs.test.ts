@@ -11,8 +11,8 @@
  *   an npm script, a file that exists), and README's ```text block is what the demo prints;
  * - a block of any other kind is an error, so a new block cannot go unchecked.
  * Also: their links lead to files the package ships, the paths they name exist, README names files the
- * package lacks only where it points at the repository's results, and the index of bench/results
- * names exactly the files there.
+ * package lacks only where it points at the repository's results, and the two result folders'
+ * indexes name exactly the files there.
  */
 import { execFile, spawn } from 'node:child_process';
 import { existsSync, readdirSync } from 'node:fs';
@@ -379,8 +379,8 @@ describe('README.md and docs/ name what exists', () => {
     });
 });
 
-describe('the index of bench/results', () => {
-    test.each(['bench/results'])('%s/README.md names every file there, and only those', async (folder) => {
+describe('the indexes of bench/results and test/gpu/logs', () => {
+    test.each(['bench/results', 'test/gpu/logs'])('%s/README.md names every file there, and only those', async (folder) => {
         const index = await readFile(join(repoRoot, folder, 'README.md'), 'utf8');
         const files = readdirSync(join(repoRoot, folder)).filter((f) => f !== 'README.md').sort();
         const named = [...new Set([...index.matchAll(/`([\w.{}-]+\.(?:json|log|md|txt))`/g)].flatMap((m) => expandBraces(m[1]!)))].sort();
