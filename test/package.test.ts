@@ -1,11 +1,12 @@
 /**
  * The package as npm would publish it: what the tarball holds (`npm pack --dry-run`: what a user
- * runs, no tests, no source maps pointing at sources it does not ship), the fields a registry and
- * Node read (license, os, exports), and that both `import` and `require` load it.
+ * runs, no tests, no source maps pointing at sources it does not ship and no comment naming a map it
+ * lacks), the fields a registry and Node read (license, os, exports), and that both `import` and
+ * `require` load it.
  */
 import { execFile } from 'node:child_process';
 import { readFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, posix } from 'node:path';
 import { promisify } from 'node:util';
 import { beforeAll, describe, expect, test } from 'vitest';
 import { ensureCompiled, repoRoot } from './helpers/children.js';
@@ -29,7 +30,7 @@ describe('the tarball', () => {
             'dist/actors/index.js', 'dist/actors/index.d.ts', 'dist/actors/cli/main.js', 'dist/machines/index.js',
             'dist/workers/rank.js', 'dist/bench/host.js', 'dist/bench/gpu.js', 'dist/bench/programs/moe-loop.js',
             'native/CMakeLists.txt', 'kernels/kernels.cmake', 'kernels/dispatch.cu',
-            'docs/api.md', 'docs/inspector.md', 'docs/timeline-sample.png', 'examples/moe-step.mjs',
+            'docs/api.md', 'docs/inspector.md', 'docs/scale-out.md', 'examples/moe-step.mjs',
             'examples/interop-addon/CMakeLists.txt', 'examples/interop-addon/src/scale.cu'
         ]) {
             expect(files).toContain(file);
@@ -42,6 +43,34 @@ describe('the tarball', () => {
         // Maps would point at TypeScript sources the tarball does not hold.
         expect(files.filter((f) => f.endsWith('.map'))).toEqual([]);
         expect(files.filter((f) => f.endsWith('.ts') && !f.endsWith('.d.ts'))).toEqual([]);
+    });
+
+    test('ships no working notes, results or logs: they stay in the repository', () => {
+        expect(files.filter((f) => /_STATUS\.md$/.test(f) || /^(bench\/results|test)\//.test(f))).toEqual([]);
+    });
+
+    test('ships a picture only where a shipped document shows it', async () => {
+        const docs = files.filter((f) => f.endsWith('.md'));
+        const shown = new Set<string>();
+        for (const doc of docs) {
+            const text = await readFile(join(repoRoot, doc), 'utf8');
+            for (const m of text.matchAll(/!\[[^\]]*\]\(([^)\s#]+)\)|<img [^>]*src="([^"]+)"/g)) shown.add(posix.join(posix.dirname(doc), m[1] ?? m[2]!));
+        }
+        expect(files.filter((f) => /\.(png|jpe?g|gif|webp|svg)$/i.test(f) && !shown.has(f))).toEqual([]);
+    });
+
+    test('its JavaScript names no source map it does not ship', async () => {
+        // A `//# sourceMappingURL=` comment sends debuggers and bundlers after a file that is not there.
+        const scripts = files.filter((f) => /\.(m?js|d\.ts)$/.test(f));
+        expect(scripts.length).toBeGreaterThan(50);
+        const dangling: string[] = [];
+        for (const f of scripts) {
+            const text = await readFile(join(repoRoot, f), 'utf8');
+            for (const m of text.matchAll(/^\/\/# sourceMappingURL=(\S+)$/gm)) {
+                if (!files.includes(posix.join(posix.dirname(f), m[1]!))) dangling.push(`${f} -> ${m[1]}`);
+            }
+        }
+        expect(dangling).toEqual([]);
     });
 });
 
