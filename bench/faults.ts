@@ -130,6 +130,7 @@ async function measure(W: number, fault: Fault, trials: number): Promise<Trial[]
   const url = `tcp://127.0.0.1:${20000 + rand(20000)}`;
   const spec = { W, url, faults: fault === 'kill' ? [] : [fault], trials: fault === 'kill' ? 1 : trials, seed };
   const second = fork(process.argv[1]!, ['--child', JSON.stringify(spec), '--backend', backend], { stdio: 'inherit' });
+  const exited = new Promise((r) => second.once('exit', r));
   const g = await createGroup(options(W, { size: W, rankOffset: 0, rendezvous: url }));
   if (fault === 'kill') {
     await sleep(50);
@@ -142,7 +143,7 @@ async function measure(W: number, fault: Fault, trials: number): Promise<Trial[]
     for (let t = 0; t < trials; t++) out.push(await trial(g, fault, t).catch((e: Error) => ({ ms: NaN, ok: false, problem: `trial ${t}: ${e.message}` })));
   }
   await g.destroy();
-  await new Promise((r) => second.once('exit', r));
+  await exited;
   return out;
 }
 

@@ -20,10 +20,10 @@
 //   dispatch  : with a CPU sync (and cached from such a handle), two_level_moe.cc / two_level_data.cc;
 //   combine   : two_level_combine.cc. Host-planned (routing, counts, offsets, fold order), carried out by
 //               the copy / fold / finish kernels of kernels/two_level.cu between node barriers, NCCL on
-//               the rails (first run 2026-12-01 at 1de3179: TWO_LEVEL_MOE_STATUS.md).
+//               the rails (first run 2026-12-01 at 1de3179; docs/scale-out.md has its design and limits).
 //   sessions, engram, ppExchange : two_level_agrs.cc (and the flat entry points of collectives.cc and
 //               async.cc around it), the host backend's two levels (first run 2026-12-01 at 4add552:
-//               TWO_LEVEL_SESSIONS_STATUS.md).
+//               docs/scale-out.md).
 //   every other collective (dispatch without a CPU sync, graphs, the NCCL baselines) refuses with
 //               BACKEND_UNAVAILABLE naming the op, the rank usable.
 // What remains: a device-planned dispatch and combine (no CPU sync, capturable), on this leg, step by step (each kernel on the
