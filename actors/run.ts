@@ -88,7 +88,7 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
       if (workers.released && o.thrown.code === 'ABORTED') return;
       if (workers.handles[r]!.error || threw) return;
       threw = { rank, at: performance.timeOrigin + performance.now(), thrown: o.thrown };
-      const why = `rank ${rank}'s program ${o.thrown.name === 'RankflowError' ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
+      const why = `rank ${rank}'s program ${o.thrown.isError && isErrorCode(o.thrown.code) ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
       release(rank, 1, why);
       tellPrograms(workers, id, why);
     } else if (rv || outcomes.some((x) => x === undefined)) {
@@ -168,9 +168,13 @@ async function recover(workers: Ranks, seq: number, sessions: number): Promise<v
   }
 }
 
-/** The run's error when a program threw: its code where it threw a RankflowError, else PROGRAM_ERROR; what it threw is the cause. */
+/**
+ * The run's error when a program threw: its code where it threw one of rankflow's errors (a
+ * RankflowError, or an error of the addon's, which carries the code too), else PROGRAM_ERROR; what it
+ * threw is the cause.
+ */
 function programError(rank: number, t: ThrownValue): RankflowError {
-  const own = t.name === 'RankflowError' && isErrorCode(t.code);
+  const own = t.isError && isErrorCode(t.code);
   return new RankflowError(own ? t.code as never : 'PROGRAM_ERROR', `rank ${rank}'s program ${own ? 'failed' : 'threw'}: ${thrownText(t)}`, {
     rank, cause: rebuildThrown(t), ...(t.phase !== undefined ? { phase: t.phase } : {}),
   });
