@@ -100,8 +100,17 @@ ExportedSegments SymmetricMemory::create(int rank, int world, const DeviceContex
   if (host_bytes_ > 0) require_granularity(host_prop, "host segment");
 
   const std::string who = "rank " + std::to_string(rank);
-  RF_CU_FOR(who + ": reserve " + std::to_string(reserved_bytes_) + " bytes of address space",
-            cuMemAddressReserve, &base_, size_t(reserved_bytes_), size_t(kAlignment), 0, 0);
+  // Memory that cannot be had is the config's doing, not the rank's: EINVAL naming the sizes (as the
+  // host backend's mmap failure is), so that createGroup says which option to change.
+  const auto too_big = [](const CudaError& e) {
+    return e.code == "CUDA_ERROR_OUT_OF_MEMORY" ? CudaError("EINVAL", e.call, std::string("buffer.bytes / buffer.cpuBytes: ") + e.what()) : e;
+  };
+  try {
+    RF_CU_FOR(who + ": reserve " + std::to_string(reserved_bytes_) + " bytes of address space",
+              cuMemAddressReserve, &base_, size_t(reserved_bytes_), size_t(kAlignment), 0, 0);
+  } catch (const CudaError& e) {
+    throw too_big(e);
+  }
   try {
     {
       HandleGuard g;
@@ -123,6 +132,9 @@ ExportedSegments SymmetricMemory::create(int rank, int world, const DeviceContex
       // scale-up slot, mapped with the peers' segments on import.
       if (kind_ == MemoryKind::Elastic) map(window() + device_bytes_, host_bytes_, g.h, true, "own host segment");
     }
+  } catch (const CudaError& e) {
+    destroy();
+    throw too_big(e);
   } catch (...) {
     destroy();
     throw;
