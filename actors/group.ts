@@ -10,10 +10,10 @@ import { RankflowError, invalid } from './core/errors.js';
 import { installErrorTransfer } from './core/comlink-errors.js';
 import { TRAFFIC } from './core/addon.js';
 import type { Backend } from './core/backend.js';
-import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
+import { checkArray, checkTensor, ELEMENT_BYTES, numel, type DType, type Tensor } from './core/tensor.js';
 import {
   checkCombineInput, checkDispatchInput, checkGatherInputs, checkHandlesAgree, checkIntIn, checkOptions, checkPerRank, checkPositiveInt, checkSameShape, describe,
-  type BufferConfig, type CombineInput, type DispatchInput,
+  type BufferConfig, type CombineInput, type DispatchDType, type DispatchInput,
 } from './core/validate.js';
 import { engramSizeHint, sessionBytes, sizeHint } from './core/hints.js';
 import type { WorldOptions } from './world/join.js';
@@ -183,16 +183,16 @@ export class Group extends EventEmitter<GroupEvents> {
     });
   }
 
-  allGather(tensors: Tensor[]): Promise<Tensor[]> {
+  allGather<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
       checkGatherInputs('tensors', tensors, this.size, this.worldSize, this.bufferBytes);
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.workers.all((api, r) => api.allGather(tensors[r]!)));
+    return this.collective(['ready'], () => this.workers.all((api, r) => api.allGather(tensors[r]!) as Promise<Tensor<D>>));
   }
 
-  dispatch(inputs: DispatchInput[]): Promise<DispatchResult[]> {
+  dispatch<D extends DispatchDType>(inputs: DispatchInput<D>[]): Promise<DispatchResult<D>[]> {
     try {
       const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);
       list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id, this.workers.members[r]!.handles));
@@ -201,7 +201,7 @@ export class Group extends EventEmitter<GroupEvents> {
       return Promise.reject(e);
     }
     return this.collective(['ready'], async () => {
-      const out = await this.workers.all((api, r) => api.dispatch(inputs[r]!));
+      const out = await this.workers.all((api, r) => api.dispatch(inputs[r]!) as Promise<DispatchResult<D>>);
       out.forEach((o, r) => this.workers.members[r]!.handles.add(o.handle));  // the handles this group may take back
       return out;
     });
@@ -285,7 +285,7 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
-  ppExchange(tensors: Tensor[]): Promise<Tensor[]> {
+  ppExchange<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
       checkGatherInputs('tensors', tensors, this.size, this.worldSize, Number.POSITIVE_INFINITY); // the bound that holds is per rank: below
       const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
@@ -293,7 +293,7 @@ export class Group extends EventEmitter<GroupEvents> {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.workers.all((api, r) => api.ppExchange(tensors[r]!)));
+    return this.collective(['ready'], () => this.workers.all((api, r) => api.ppExchange(tensors[r]!) as Promise<Tensor<D>>));
   }
 
   /**

@@ -13,7 +13,7 @@ import type {
   PendingFetch,
 } from '../actors/core/types.js';
 import {
-  checkCombineInput, checkDispatchInput, checkHandle, checkOptions, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
+  checkCombineInput, checkDispatchInput, checkHandle, checkOptions, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchDType, type DispatchInput,
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
 import type { RankOps } from './ops.js';
@@ -42,7 +42,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     if (!cuda) throw invalid(what, "needs backend 'cuda' (device tensors, streams and CUDA events)");
   };
   function dispatch(d: DeviceDispatchInput, opts?: DeviceOptions): Promise<DeviceDispatchResult>;
-  function dispatch(d: DispatchInput): Promise<DispatchResult>;
+  function dispatch<D extends DispatchDType>(d: DispatchInput<D>): Promise<DispatchResult<D>>;
   async function dispatch(d: DispatchInput | DeviceDispatchInput, opts?: DeviceOptions): Promise<DispatchResult | DeviceDispatchResult> {
     if (isDeviceTensor((d as DeviceDispatchInput)?.x)) {
       checkDeviceDispatch(d as DeviceDispatchInput, buffer, rank, groupId, registry, opts);

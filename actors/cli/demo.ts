@@ -9,7 +9,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { createGroup } from '../group.js';
 import { RankflowError } from '../core/errors.js';
-import { tensor, toBf16, type Tensor } from '../core/tensor.js';
+import { tensor, toBf16 } from '../core/tensor.js';
 import { debug } from '../observe/debug.js';
 import type { GroupObserver } from '../observe/observer.js';
 import { TimelineRecorder } from '../observe/timeline-recorder.js';
@@ -176,7 +176,7 @@ export async function runDemo({ settings: o, observers, io }: DemoRun): Promise<
                 for (let k = 0; k < topk; k++) { let e = topkIdx[t * topk + k]!; while (seen.has(e)) e = (e + 1) % numExperts; seen.add(e); topkIdx[t * topk + k] = e; }
             }
             progress.tick('inputs', index + 1, group.size);
-            return { x: tensor('bf16', [T, o.hidden], x) as Tensor, topkIdx, topkWeights: new Float32Array(T * topk).fill(1 / topk) };
+            return { x: tensor('bf16', [T, o.hidden], x), topkIdx, topkWeights: new Float32Array(T * topk).fill(1 / topk) };
         });
         progress.phase('dispatch');
         const d0 = performance.now();

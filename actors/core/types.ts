@@ -2,12 +2,14 @@
 // and the ranks' workers, so that neither layer imports the other for its types.
 import type { DeviceTensor } from './device-tensor.js';
 import type { Tensor } from './tensor.js';
-import type { DispatchHandle } from './validate.js';
+import type { DispatchDType, DispatchHandle } from './validate.js';
 import type { FailureInfo } from '../../machines/index.js';
 
-export interface DispatchResult {
-  x: Tensor;
-  scales?: Tensor;
+/** One rank's dispatch result: x has the input's dtype (a bf16 dispatch gives a Uint16Array, no cast needed). */
+export interface DispatchResult<D extends DispatchDType = DispatchDType> {
+  x: Tensor<D>;
+  /** fp8 dispatch: the received rows' scales */
+  scales?: Tensor<'fp32'>;
   topkIdx: Int32Array;
   topkWeights: Float32Array;
   srcRank: Int32Array;

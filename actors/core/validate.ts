@@ -26,9 +26,13 @@ export interface DispatchHandle {
   readonly numRecv: number;
 }
 
-export interface DispatchInput {
-  x: Tensor;
-  scales?: Tensor;
+/** The dtypes a dispatch moves: bf16, or fp8e4m3 with scales (buffer.fp8Dispatch). */
+export type DispatchDType = 'bf16' | 'fp8e4m3';
+
+/** One rank's dispatch input; `D` (inferred from x) carries through to the result's x. */
+export interface DispatchInput<D extends DispatchDType = DispatchDType> {
+  x: Tensor<D>;
+  scales?: Tensor<'fp32'>;
   topkIdx?: Int32Array;
   topkWeights?: Float32Array;
   expertAlignment?: number;
