@@ -29,6 +29,7 @@ import { RankHandle, Ranks } from './ranks.js';
 import { Session } from './session.js';
 import { startRanks } from './startup.js';
 import { runUntilAborted } from './run-signal.js';
+import { checkModuleUrl } from './core/module-url.js';
 
 export type { GroupOptions, RankSnapshot, TrafficReport };
 export { RankHandle, Session };
@@ -305,14 +306,14 @@ export class Group extends EventEmitter<GroupEvents> {
    */
   run<T = unknown>(moduleUrl: string | URL, args?: unknown, opts?: { signal?: AbortSignal }): Promise<T[]> {
     let signal: AbortSignal | undefined;
+    let url: string;
     try {
-      if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) throw invalid('moduleUrl', `must be a string or URL (got ${describe(moduleUrl)})`);
+      url = checkModuleUrl('moduleUrl', moduleUrl);
       signal = checkSignal('options.signal', checkOptions<{ signal: unknown }>('options', opts, '{ signal? }').signal);
       if (signal?.aborted) throw abortError('group.run', signal);
     } catch (e) {
       return Promise.reject(e);
     }
-    const url = moduleUrl.toString();
     if (!signal) return this.collective(['ready'], () => this.workers.all((api) => api.run(url, args) as Promise<T>));
     return this.runUnless(url, args, signal);
   }

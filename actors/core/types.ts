@@ -4,6 +4,7 @@ import type { DeviceTensor } from './device-tensor.js';
 import type { Tensor } from './tensor.js';
 import type { DispatchDType, DispatchHandle } from './validate.js';
 import type { FailureInfo } from '../../machines/index.js';
+import { keysOf } from './option-keys.js';
 
 /** One rank's dispatch result: x has the input's dtype (a bf16 dispatch gives a Uint16Array, no cast needed). */
 export interface DispatchResult<D extends DispatchDType = DispatchDType> {
@@ -111,3 +112,13 @@ export interface TrafficReport {
   scaleOutBytes: number;
   scaleOutSeconds: number;
 }
+
+// The keys each options object of the rank programs' ops takes (option-keys.ts: any other is EINVAL).
+export const DEVICE_DISPATCH_INPUT_KEYS = keysOf<DeviceDispatchInput>()(['x', 'scales', 'topkIdx', 'topkWeights', 'expertAlignment', 'handle']);
+export const DEVICE_COMBINE_INPUT_KEYS = keysOf<DeviceCombineInput>()(['x', 'handle', 'topkWeights', 'bias']);
+/** a device dispatch's options (out is a combine's) */
+export const DEVICE_DISPATCH_OPTION_KEYS: readonly string[] = ['outputsInBuffer', 'numSms'];
+/** a device combine's options (outputsInBuffer is a dispatch's) */
+export const DEVICE_COMBINE_OPTION_KEYS: readonly string[] = ['numSms', 'out'];
+export const DEVICE_OUT_KEYS = keysOf<NonNullable<DeviceOptions['out']>>()(['x', 'topkWeights']);
+export const ASYNC_OPTION_KEYS = keysOf<AsyncOptions>()(['async']);
