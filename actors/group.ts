@@ -30,6 +30,7 @@ import { Session } from './session.js';
 import { startRanks } from './startup.js';
 import { runUntilAborted } from './run-signal.js';
 import { checkModuleUrl } from './core/module-url.js';
+import { attachDebugLog } from './observe/debug-log.js';
 
 export type { GroupOptions, RankSnapshot, TrafficReport };
 export { RankHandle, Session };
@@ -88,6 +89,7 @@ export class Group extends EventEmitter<GroupEvents> {
     const { signal } = plan;
     const group = new Group(plan.size, plan.backend, plan.buffer, opts, plan.world);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
+    group.detachers.push(attachDebugLog(group));  // DEBUG=rankflow: the group's life in the log (observe/debug-log.ts)
     for (const o of opts.observers ?? []) group.detachers.push(o.attach(group));
     // An abort tears the ranks down at once (their waits end); start() then fails, and the error is ABORTED.
     const onAbort = (): void => {
