@@ -82,9 +82,9 @@ export function probeAddon(addon: unknown): string | undefined {
  * backend is passed over (kept as the last resort) where the cuda build is wanted and shipped: an
  * `npm rebuild` on a GPU machine without nvcc must not hide the prebuilt cuda addon.
  */
-export function chooseAddon<A>(candidates: AddonCandidate[], load: (file: string) => unknown = createRequire(import.meta.url)): AddonChoice<A> {
+export function chooseAddon<A>(candidates: AddonCandidate[], load: (file: string) => unknown = createRequire(import.meta.url), wantCuda = cudaWanted()): AddonChoice<A> {
   const passedOver: PassedOver[] = [];
-  const cuda = cudaWanted() && candidates.some((c) => c.origin === 'prebuilt-cuda' && existsSync(c.path));
+  const cuda = wantCuda && candidates.some((c) => c.origin === 'prebuilt-cuda' && existsSync(c.path));
   let reserve: (AddonCandidate & { addon: A }) | undefined;
   for (const c of candidates) {
     if (reserve && c.origin !== 'prebuilt-cuda') continue;  // only a build with the CUDA backend beats the reserve
