@@ -34,7 +34,8 @@ export function progressLog() {
     /** a line for both */
     say(line) {
       process.stderr.write(`${line}\n`);
-      if (tty >= 0) writeSync(tty, `${line}\n`);
+      // From the line's start, cleared: npm may be drawing its spinner there.
+      if (tty >= 0) writeSync(tty, `\r\x1b[K${line}\n`);
     },
     /** the build tools' own lines: stderr only */
     detail(line) {
