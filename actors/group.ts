@@ -10,10 +10,10 @@ import { RankflowError, invalid } from './core/errors.js';
 import { installErrorTransfer } from './core/comlink-errors.js';
 import { TRAFFIC } from './core/addon.js';
 import type { Backend } from './core/backend.js';
-import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
+import { checkArray, checkTensor, ELEMENT_BYTES, numel, type DType, type Tensor } from './core/tensor.js';
 import {
   checkCombineInput, checkDispatchInput, checkGatherInputs, checkHandlesAgree, checkIntIn, checkOptions, checkPerRank, checkPositiveInt, checkSameShape, describe,
-  type BufferConfig, type CombineInput, type DispatchInput,
+  type BufferConfig, type CombineInput, type DispatchDType, type DispatchInput,
 } from './core/validate.js';
 import { engramSizeHint, sessionBytes, sizeHint } from './core/hints.js';
 import type { WorldOptions } from './world/join.js';
@@ -29,6 +29,8 @@ import { RankHandle, Ranks } from './ranks.js';
 import { Session } from './session.js';
 import { startRanks } from './startup.js';
 import { runPrograms, type RunDeps } from './run.js';
+import { checkModuleUrl } from './core/module-url.js';
+import { attachDebugLog } from './observe/debug-log.js';
 
 export type { GroupOptions, RankSnapshot, TrafficReport };
 export { RankHandle, Session };
@@ -89,6 +91,7 @@ export class Group extends EventEmitter<GroupEvents> {
     const { signal } = plan;
     const group = new Group(plan.size, plan.backend, plan.buffer, opts, plan.world);
     if (typeof opts.inspect === 'function') group.on('inspect', opts.inspect);
+    group.detachers.push(attachDebugLog(group));  // DEBUG=rankflow: the group's life in the log (observe/debug-log.ts)
     for (const o of opts.observers ?? []) group.detachers.push(o.attach(group));
     // An abort tears the ranks down at once (their waits end); start() then fails, and the error is ABORTED.
     const onAbort = (): void => {
@@ -185,16 +188,16 @@ export class Group extends EventEmitter<GroupEvents> {
     });
   }
 
-  allGather(tensors: Tensor[]): Promise<Tensor[]> {
+  allGather<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
       checkGatherInputs('tensors', tensors, this.size, this.worldSize, this.bufferBytes);
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.workers.all((api, r) => api.allGather(tensors[r]!)));
+    return this.collective(['ready'], () => this.workers.all((api, r) => api.allGather(tensors[r]!) as Promise<Tensor<D>>));
   }
 
-  dispatch(inputs: DispatchInput[]): Promise<DispatchResult[]> {
+  dispatch<D extends DispatchDType>(inputs: DispatchInput<D>[]): Promise<DispatchResult<D>[]> {
     try {
       const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);
       list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id, this.workers.members[r]!.handles));
@@ -203,7 +206,7 @@ export class Group extends EventEmitter<GroupEvents> {
       return Promise.reject(e);
     }
     return this.collective(['ready'], async () => {
-      const out = await this.workers.all((api, r) => api.dispatch(inputs[r]!));
+      const out = await this.workers.all((api, r) => api.dispatch(inputs[r]!) as Promise<DispatchResult<D>>);
       out.forEach((o, r) => this.workers.members[r]!.handles.add(o.handle));  // the handles this group may take back
       return out;
     });
@@ -287,7 +290,7 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
-  ppExchange(tensors: Tensor[]): Promise<Tensor[]> {
+  ppExchange<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
       checkGatherInputs('tensors', tensors, this.size, this.worldSize, Number.POSITIVE_INFINITY); // the bound that holds is per rank: below
       const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
@@ -295,26 +298,25 @@ export class Group extends EventEmitter<GroupEvents> {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.collective(['ready'], () => this.workers.all((api, r) => api.ppExchange(tensors[r]!)));
+    return this.collective(['ready'], () => this.workers.all((api, r) => api.ppExchange(tensors[r]!) as Promise<Tensor<D>>));
   }
 
   /**
    * Rank-program mode: loads moduleUrl in every rank's worker and calls its default export (rank, args).
-   * `signal`: aborted before the run's turn (runs queue like collectives), the run is skipped; aborted
-   * while the programs run, they see it (rank.aborted, rank.signal, rank.anyAborted(): a program stops
-   * when it chooses to, ideally after the same collective on every rank) and the run rejects with
-   * ABORTED once every program has ended. Either way the rejection is RankflowError code 'ABORTED'.
+   * How a run ends (a program that throws or returns early releases its peers; the ranks are put back
+   * in step before it settles; `signal` skips or aborts it) is actors/run.ts's.
    */
   run<T = unknown>(moduleUrl: string | URL, args?: unknown, opts?: { signal?: AbortSignal }): Promise<T[]> {
     let signal: AbortSignal | undefined;
+    let url: string;
     try {
-      if (typeof moduleUrl !== 'string' && !(moduleUrl instanceof URL)) throw invalid('moduleUrl', `must be a string or URL (got ${describe(moduleUrl)})`);
+      url = checkModuleUrl('moduleUrl', moduleUrl);
       signal = checkSignal('options.signal', checkOptions<{ signal: unknown }>('options', opts, '{ signal? }').signal);
       if (signal?.aborted) throw abortError('group.run', signal);
     } catch (e) {
       return Promise.reject(e);
     }
-    return runPrograms<T>(this.runDeps, moduleUrl.toString(), args, signal);
+    return runPrograms<T>(this.runDeps, url, args, signal);
   }
   private runs = 0;
   private get runDeps(): RunDeps {

@@ -1,4 +1,5 @@
 // rankflow's public API (API.md): groups of ranks, host tensors, errors and size hints.
+import './core/disposable.js';  // the Symbol.asyncDispose / Symbol.dispose globals the declarations below use
 export { createGroup, Group, RankHandle, Session } from './group.js';
 export type { GroupOptions, GroupEvents, RankSnapshot, TrafficReport, TransitionEvent } from './group.js';
 export { RankflowError } from './core/errors.js';
@@ -6,7 +7,7 @@ export type { RankflowErrorCode } from './core/errors.js';
 export { sizeHint, sessionSizeHint, engramSizeHint, ppSizeHint } from './core/hints.js';
 export { tensor, toBf16, fromBf16, floatToBf16, bf16ToFloat, bytesOf, numel, ELEMENT_BYTES } from './core/tensor.js';
 export type { Tensor, DType, TensorData } from './core/tensor.js';
-export type { BufferConfig, DispatchInput, CombineInput, DispatchHandle } from './core/validate.js';
+export type { BufferConfig, DispatchInput, DispatchDType, CombineInput, DispatchHandle } from './core/validate.js';
 export type {
   DispatchResult, CombineResult, DeviceDispatchResult, DeviceDispatchInput, DeviceCombineInput, DeviceCombineResult, DeviceOptions,
   AsyncOptions, InFlightCollective, PendingFetch,

@@ -7,6 +7,7 @@ import { loadAddon } from './core/addon.js';
 import { cudaDeviceCount, probeCuda, resolveBackend, type Backend } from './core/backend.js';
 import { checkBufferConfig, checkOptions, checkPositiveInt, checkTestFirstSeq, type BufferConfig } from './core/validate.js';
 import { abortError, checkSignal } from './core/abort.js';
+import { keysOf } from './core/option-keys.js';
 import { checkWorld, type WorldOptions } from './world/join.js';
 import { inspectorAddress } from './observe/inspector.js';
 import type { GroupObserver } from './observe/timeline.js';
@@ -36,6 +37,9 @@ export interface GroupOptions {
   signal?: AbortSignal;
 }
 
+/** Every key of createGroup's options: any other is EINVAL naming it (option-keys.ts). */
+export const GROUP_OPTION_KEYS = keysOf<GroupOptions>()(['ranks', 'backend', 'devices', 'ranksPerNode', 'buffer', 'timeouts', 'inspect', 'world', 'observers', 'signal']);
+
 /** The options once checked: what a group is made of. */
 export interface GroupPlan {
   backend: Backend;
@@ -56,7 +60,7 @@ export interface GroupPlan {
 
 /** Checks createGroup's options; throws EINVAL naming the first bad one (ABORTED for an aborted signal). */
 export function planGroup(opts: GroupOptions): GroupPlan {
-  checkOptions('options', opts, '{ buffer, ranks?, backend?, ... }', false);
+  checkOptions('options', opts, '{ buffer, ranks?, backend?, ... }', false, GROUP_OPTION_KEYS);
   const backend = resolveBackend(checkBackendOption(opts.backend));
   const gpus = backend === 'cuda' ? cudaDeviceCount() : 0;
   const size = opts.ranks ?? (backend === 'cuda' ? (Array.isArray(opts.devices) ? opts.devices.length : gpus) : config.hostRanks);

@@ -6,7 +6,6 @@ import type { Worker } from 'node:worker_threads';
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 import type { EventEmitter } from 'eventemitter3';
-import * as Comlink from 'comlink/dist/esm/comlink.mjs';
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs';
 
 import { PACKAGE_ROOT } from './core/config.js';
@@ -14,6 +13,7 @@ import { RankflowError } from './core/errors.js';
 import { TRAFFIC } from './core/addon.js';
 import { AbortWords } from './core/abort-words.js';
 import { HandleRegistry } from './core/handles.js';
+import { releaseRemote, wrapRemote, type Remote } from './core/remote.js';
 import { startWorker } from './core/worker-argv.js';
 import type { FailureInfo } from '../machines/index.js';
 import { TransitionDecoder } from '../workers/transition-log.js';
@@ -44,7 +44,7 @@ export class RankHandle {
 
 export interface Member {
   worker: Worker;
-  api: Comlink.Remote<RankWorkerApi>;
+  api: Remote<RankWorkerApi>;
   /** the rank's abort words (a SharedArrayBuffer its native waits and kernels read) */
   abort: SharedArrayBuffer;
   /** the words, once the worker said where they start in `abort` */
@@ -132,7 +132,7 @@ export class Ranks {
     });
     gone.catch(() => {});
     this.members[local] = {
-      worker, api: Comlink.wrap<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed,
+      worker, api: wrapRemote<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed,
       traffic: new BigUint64Array(init.traffic ?? new SharedArrayBuffer(TRAFFIC.bytes)), busy: 0, runAbort: new Int32Array(init.runAbort),
     };
   }
@@ -240,7 +240,7 @@ export class Ranks {
    * flight the worker is unref'd: a process that forgets destroy() still exits when it has nothing else
    * to do (the workers then end with it); while one is, awaiting it keeps the process alive.
    */
-  call<T>(r: number, fn: (api: Comlink.Remote<RankWorkerApi>) => Promise<T>): Promise<T> {
+  call<T>(r: number, fn: (api: Remote<RankWorkerApi>) => Promise<T>): Promise<T> {
     const m = this.members[r]!;
     if (this.handles[r]!.exited) return m.gone;
     if (m.busy++ === 0) m.worker.ref();
@@ -257,7 +257,7 @@ export class Ranks {
    * part ends when the rank fails even if its call is still running (a rank program that never enters
    * the collective its peers wait in).
    */
-  async all<T>(fn: (api: Comlink.Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
+  async all<T>(fn: (api: Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
     const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => cutShort(fn(m.api, r), [m.untilFailed]))));
     const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
     if (errors.length > 0) throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
@@ -298,7 +298,7 @@ export class Ranks {
       }
       // A worker blocked in a wait (a peer that never came) only takes terminate() once it stops waiting.
       this.stopRank(m);
-      m.api[Comlink.releaseProxy]();
+      releaseRemote(m.api);
       m.worker.ref();
       await m.worker.terminate();
       const h = this.handles[r]!;

@@ -2,7 +2,7 @@
 // buffer the session reserved, in order, up to maxAllGathers of them, until close(). Its collectives
 // queue on the group like every other.
 import { RankflowError, invalid } from './core/errors.js';
-import { checkTensor, ELEMENT_BYTES, numel, type Tensor } from './core/tensor.js';
+import { checkTensor, ELEMENT_BYTES, numel, type DType, type Tensor } from './core/tensor.js';
 import { checkPerRank, checkSameShape } from './core/validate.js';
 import type { Group } from './group.js';
 
@@ -13,7 +13,7 @@ export class Session {
   private collectives = 0;
   constructor(private readonly group: Group, readonly maxBytes: number, readonly maxAllGathers: number) {}
 
-  allGather(tensors: Tensor[]): Promise<Tensor[]> {
+  allGather<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
       this.checkOpen();
       const list = checkPerRank<Tensor>('tensors', tensors, this.group.size);
@@ -25,10 +25,10 @@ export class Session {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.group.sessionCollective((all) => all((api, r) => api.sessionAllGather(tensors[r]!)));
+    return this.group.sessionCollective((all) => all((api, r) => api.sessionAllGather(tensors[r]!) as Promise<Tensor<D>>));
   }
 
-  reduceScatter(tensors: Tensor[]): Promise<Tensor[]> {
+  reduceScatter<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     const W = this.group.worldSize;
     try {
       this.checkOpen();
@@ -44,7 +44,7 @@ export class Session {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.group.sessionCollective((all) => all((api, r) => api.sessionReduceScatter(tensors[r]!)));
+    return this.group.sessionCollective((all) => all((api, r) => api.sessionReduceScatter(tensors[r]!) as Promise<Tensor<D>>));
   }
 
   async close(): Promise<void> {

@@ -55,7 +55,7 @@ describe('options that are not objects', () => {
             for (const opts of [42, 'x', [], null]) {
                 expect((await unchanged(g, () => refused(g.openSession(opts as never)))).message).toMatch(/^options: must be an object \{ maxBytes, maxAllGathers \}/);
             }
-            expect((await unchanged(g, () => refused(g.run(42 as never)))).message).toMatch(/^moduleUrl: must be a string or URL/);
+            expect((await unchanged(g, () => refused(g.run(42 as never)))).message).toMatch(/^moduleUrl: must be a URL or an absolute path/);
         });
         for (const timeouts of [[], 5, null]) {
             await expect(createGroup({ backend: 'host', ranks: 2, buffer, timeouts: timeouts as never })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^timeouts: must be an object/) });

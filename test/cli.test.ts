@@ -4,8 +4,8 @@
  * the demo with one rank and with --name=value flags and its progress lines, doctor as text and
  * as JSON, bench (host; the GPU bench skipped where there is no GPU), and the debug log.
  */
-import { execFile } from 'node:child_process';
-import { mkdtemp, readdir, readFile, rm } from 'node:fs/promises';
+import { execFile, spawn } from 'node:child_process';
+import { mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -78,7 +78,15 @@ describe('usage errors exit 2 with the message and the usage line', () => {
         [['demo', '--ranks'], /^rankflow demo: .*--ranks/m, /^usage: rankflow demo /m],
         [['demo', 'extra'], /^rankflow demo: unexpected argument 'extra'/m, /^usage: rankflow demo /m],
         [['doctor', '--jsn'], /^rankflow doctor: unknown option '--jsn'$/m, /^usage: rankflow doctor/m],
-        [['bench', '--only', 'tpu'], /^rankflow bench: --only must be one of host, gpu, got 'tpu'$/m, /^usage: rankflow bench /m]
+        [['bench', '--only', 'tpu'], /^rankflow bench: --only must be one of host, gpu, got 'tpu'$/m, /^usage: rankflow bench /m],
+        // What only the group would refuse is still the flag's fault: a usage error before anything starts.
+        [['demo', '--hidden', '100'], /^rankflow demo: --hidden \(100\) must be a multiple of 8 \(16-byte rows\)$/m, /^usage: rankflow demo /m],
+        [['demo', '-t', '2000000'], /^rankflow demo: --tokens must be a positive integer up to 1048576 \(got 2000000\)$/m, /^usage: rankflow demo /m],
+        [['--version', 'extra'], /^rankflow: --version takes no arguments \(got 'extra'\)$/m, /^usage: rankflow <command>/m],
+        [['-v', '-v'], /^rankflow: -v takes no arguments/m, /^usage: rankflow <command>/m],
+        [['help', 'frobnicate'], /^rankflow: unknown command 'frobnicate'$/m, /^usage: rankflow <command>/m],
+        [['--frobnicate'], /^rankflow: unknown option '--frobnicate'$/m, /^usage: rankflow <command>/m],
+        [['demo', '-x'], /^rankflow demo: unknown option '-x'$/m, /^usage: rankflow demo /m]
     ])('rankflow %j', async (args, message, usage) => {
         const run = await rankflow(args);
         expect(run.code).toBe(2);
@@ -120,7 +128,34 @@ describe('rankflow demo', () => {
     });
 });
 
+describe('short flags', () => {
+    test('-h and -v; a command\'s own (-r, -b, -t, -n, -q for the demo; -j for doctor)', async () => {
+        expect((await rankflow(['-v'])).stdout).toBe(`${VERSION}\n`);
+        expect((await rankflow(['-h'])).stdout).toMatch(/^usage: rankflow <command>/);
+        expect((await rankflow(['demo', '-h'])).stdout).toMatch(/^usage: rankflow demo \[-r\|--ranks N\]/);
+        const run = await rankflow(['demo', '-r', '2', '-b', 'host', '-t', '16', '--hidden', '128', '-n', '2', '-q']);
+        expect(run.code).toBe(0);
+        expect(run.stdout).toMatch(/^group of 2 ranks on 'host' ready/m);
+        expect(run.stdout).toMatch(/^ {2}barrier .* \(mean of 2, driver mode\)$/m);
+        expect(JSON.parse((await rankflow(['doctor', '-j'])).stdout)).toMatchObject({ addon: { loaded: true } });
+    });
+});
+
 describe('rankflow doctor', () => {
+    test('exits 1 when the addon cannot load, saying so, as text and as JSON', async () => {
+        const dir = await mkdtemp(join(tmpdir(), 'rankflow-doctor-'));
+        dirs.push(dir);
+        const broken = join(dir, 'rankflow.node');
+        await writeFile(broken, 'not an ELF file');
+        const text = await rankflow(['doctor'], { env: { RANKFLOW_ADDON: broken } });
+        expect(text.code).toBe(1);
+        expect(text.stdout).toMatch(new RegExp(`^addon +not loaded: `, 'm'));
+        expect(text.stdout).toMatch(/^problem +the native addon does not load/m);
+        const json = await rankflow(['doctor', '--json'], { env: { RANKFLOW_ADDON: join(dir, 'missing.node') } });
+        expect(json.code).toBe(1);
+        expect(JSON.parse(json.stdout)).toMatchObject({ addon: { loaded: false, error: expect.stringMatching(/^RANKFLOW_ADDON names .*missing\.node, which does not exist$/) }, problems: ['the native addon does not load (see addon)'] });
+    });
+
     test('--json prints one JSON object and nothing else', async () => {
         const run = await rankflow(['doctor', '--json']);
         expect(run.code).toBe(0);
@@ -157,7 +192,7 @@ describe('rankflow doctor', () => {
         const lines = text.stdout.trimEnd().split('\n');
         expect(lines[0]).toBe(`rankflow ${VERSION} (node ${process.version}, ${process.platform} ${process.arch})`);
         expect(lines.slice(1).map((line) => /^(\S+)/.exec(line)?.[1]).filter(Boolean).every((label) =>
-            ['addon', 'kernels', 'driver', 'GPUs', 'GPU', 'NCCL', 'cuda', 'scaleout', 'auto'].includes(label!))).toBe(true);
+            ['addon', 'kernels', 'driver', 'GPUs', 'GPU', 'NCCL', 'cuda', 'scaleout', 'auto', 'problem'].includes(label!))).toBe(true);
         expect(lines.filter((line) => /^(scaleout +host: TCP between rail peers| +cuda: grouped ncclSend\/ncclRecv)/.test(line))).toHaveLength(2);
         expect(text.stdout).not.toMatch(/groups:|\{"|\(\s*[^()]*\(/);
         const report = JSON.parse(json.stdout) as { cuda: { unavailable?: { tried: Array<{ path: string }> } }; nccl?: { unavailable?: { tried: Array<{ path: string }> } } };
@@ -172,6 +207,24 @@ describe('rankflow doctor', () => {
         }
         expect(lines.at(-1)).toMatch(/^auto {5}picks '(host|cuda)'$/);
     });
+});
+
+describe('rankflow inspect, stopped', () => {
+    test.each([['SIGINT', 130], ['SIGTERM', 143]] as const)('by %s after the demo: the page closes and it exits %d', async (signal, code) => {
+        const child = spawn(process.execPath, [BIN, 'inspect', '--port', '0', '--backend', 'host', '--ranks', '1', ...SMALL_DEMO], {
+            cwd: repoRoot, env: { ...process.env, NODE_DEBUG: '', DEBUG: '' }, stdio: ['ignore', 'pipe', 'pipe']
+        });
+        let stdout = '';
+        const serving = new Promise<void>((resolve) => child.stdout.on('data', (chunk: Buffer) => {
+            stdout += chunk.toString();
+            if (stdout.includes('inspector still serving at ')) resolve();
+        }));
+        const exited = new Promise<number | null>((resolve) => child.on('exit', (c) => resolve(c)));
+        await serving;
+        child.kill(signal);
+        expect(await exited).toBe(code);
+        expect(stdout).toMatch(/^demo finished$/m);
+    }, 60_000);
 });
 
 describe('rankflow bench', () => {

@@ -21,6 +21,13 @@ describe('rank-program input checks', () => {
     ['openSession', /^maxBytes: must be a positive integer/],
     ['openSessionArray', /^options: must be an object \{ maxBytes, maxAllGathers \}/],
     ['barrierNumber', /^options: must be \{ withCpuSync\? \}/],
+    // A key no option is named is refused, with the nearest known one, not ignored.
+    ['barrierKey', /^options\.withCpuSnc: is not an option \(did you mean 'withCpuSync'\?\); options takes withCpuSync$/],
+    ['dispatchKey', /^input\.expertAlignmnt: is not an option \(did you mean 'expertAlignment'\?\)/],
+    ['engramFetchKey', /^options\.asynk: is not an option \(did you mean 'async'\?\)/],
+    ['openSessionKey', /^options\.maxAllGather: is not an option \(did you mean 'maxAllGathers'\?\)/],
+    ['tensorDtype', /^dtype: must be one of bf16, fp32, fp8e4m3, int32 \(got "float16"\)/],
+    ['tensorLength', /^data: has 3 elements; shape \[2, 2\] needs 4/],
   ])('%s with a bad argument is EINVAL naming it, and the ranks stay ready', async (call, message) => {
     const answers = await group.run<{ code?: string; message?: string }>(program, { call });
     for (const a of answers) expect(a).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });

@@ -49,6 +49,12 @@ describe('the source tree', () => {
     expect(native.filter((f) => /\bgetenv\s*\(/.test(read(f)))).toEqual([]);
   });
 
+  it("the addon's build scripts read the environment in native/build-config.mjs only", () => {
+    const scripts = readdirSync(path.join(root, 'native')).filter((f) => f.endsWith('.mjs')).map((f) => path.join('native', f));
+    expect(scripts).toContain(path.join('native', 'build-config.mjs'));
+    expect(scripts.filter((f) => f !== path.join('native', 'build-config.mjs') && /process\.env\b/.test(read(f)))).toEqual([]);
+  });
+
   it('outside the backends, the native runtime names no backend kind but where it makes the backend', () => {
     const outside = layers.filter((f) => f.startsWith(path.join('native', 'src')) && !f.startsWith(path.join('native', 'src', 'backends')));
     const asks = outside.filter((f) => /\bon_cuda\s*\(|BackendKind::(Cuda|Host)/.test(read(f)));

@@ -8,14 +8,16 @@ import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
 import { SCRATCH } from '../actors/core/addon.js';
 import { checkArray, checkTensor, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
-import type {
-  AsyncOptions, CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
+import {
+  ASYNC_OPTION_KEYS, DEVICE_COMBINE_INPUT_KEYS, DEVICE_COMBINE_OPTION_KEYS, DEVICE_DISPATCH_INPUT_KEYS, DEVICE_DISPATCH_OPTION_KEYS, DEVICE_OUT_KEYS,
+  type AsyncOptions, type CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
   PendingFetch,
 } from '../actors/core/types.js';
 import {
-  checkCombineInput, checkDispatchInput, checkHandle, checkOptions, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchInput,
+  checkCombineInput, checkDispatchInput, checkHandle, checkOptions, checkPositiveInt, type BufferConfig, type CombineInput, type DispatchDType, type DispatchInput,
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
+import { checkKnownKeys, unknownKeyError } from '../actors/core/option-keys.js';
 import type { RankOps } from './ops.js';
 import { interopMethods } from './interop.js';
 import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
@@ -42,7 +44,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     if (!cuda) throw invalid(what, "needs backend 'cuda' (device tensors, streams and CUDA events)");
   };
   function dispatch(d: DeviceDispatchInput, opts?: DeviceOptions): Promise<DeviceDispatchResult>;
-  function dispatch(d: DispatchInput): Promise<DispatchResult>;
+  function dispatch<D extends DispatchDType>(d: DispatchInput<D>): Promise<DispatchResult<D>>;
   async function dispatch(d: DispatchInput | DeviceDispatchInput, opts?: DeviceOptions): Promise<DispatchResult | DeviceDispatchResult> {
     if (isDeviceTensor((d as DeviceDispatchInput)?.x)) {
       checkDeviceDispatch(d as DeviceDispatchInput, buffer, rank, groupId, registry, opts);
@@ -72,6 +74,8 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
   function engramFetch(ids: Int32Array, opts?: AsyncOptions): Promise<Tensor>;
   function engramFetch(ids: Int32Array, opts?: AsyncOptions): PendingFetch<Tensor & DeviceTensor> | Promise<Tensor> {
     if (opts !== undefined && (opts === null || typeof opts !== 'object')) return Promise.reject(invalid('options', 'must be { async? }'));
+    const unknownKey = opts !== undefined ? unknownKeyError('options', opts, ASYNC_OPTION_KEYS) : undefined;
+    if (unknownKey) return Promise.reject(unknownKey);
     if (opts?.async === true) {
       checkArray('indices', ids, Int32Array);
       return engramFetchAsync(ops, ids) as PendingFetch<Tensor & DeviceTensor>;
@@ -114,6 +118,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     async barrier(opts?: { withCpuSync?: boolean }) {
       if (opts === undefined) return ops.barrier(false);
       if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { withCpuSync? }');
+      checkKnownKeys('options', opts, ['withCpuSync']);
       if (opts.withCpuSync !== undefined && typeof opts.withCpuSync !== 'boolean') throw invalid('withCpuSync', 'must be a boolean');
       ops.barrier(opts.withCpuSync ?? false);
     },
@@ -261,6 +266,7 @@ function checkDevice(name: string, t: unknown, dtypes: readonly DType[], numelWa
 /** Shapes and dtypes of a device dispatch (values stay on the GPU: the kernels report bad expert ids). The
  *  argument names are constants (input.x, ...): nothing is built per call. */
 function checkDeviceDispatch(d: DeviceDispatchInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): void {
+  checkKnownKeys('input', d, DEVICE_DISPATCH_INPUT_KEYS);
   const x = checkDevice('input.x', d.x, cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], undefined, [undefined, cfg.hidden]);
   const T = x.shape[0]!;
   if (T > cfg.maxTokensPerRank) throw invalid('input.x.shape[0]', `${T} tokens exceed buffer.maxTokensPerRank (${cfg.maxTokensPerRank})`);
@@ -276,6 +282,7 @@ function checkDeviceDispatch(d: DeviceDispatchInput, cfg: BufferConfig, rank: nu
   if (d.topkWeights !== undefined) checkDevice('input.topkWeights', d.topkWeights, ['fp32'], T * cfg.topk);
   else if (d.handle === undefined) throw invalid('input.topkWeights', 'is required (or pass a handle of a previous dispatch)');
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { outputsInBuffer?, numSms? }');
+  if (opts !== undefined) checkKnownKeys('options', opts, DEVICE_DISPATCH_OPTION_KEYS);
   if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
 }
 
@@ -283,6 +290,7 @@ function checkDeviceDispatch(d: DeviceDispatchInput, cfg: BufferConfig, rank: nu
 const NO_BIAS: readonly DeviceTensor[] = Object.freeze([]);
 
 function checkDeviceCombine(c: DeviceCombineInput, cfg: BufferConfig, rank: number, groupId: string, registry: HandleRegistry, opts?: DeviceOptions): readonly DeviceTensor[] {
+  checkKnownKeys('input', c, DEVICE_COMBINE_INPUT_KEYS);
   checkHandle('input.handle', c.handle, rank, groupId, registry);
   const x = checkDevice('input.x', c.x, ['bf16'], undefined, [undefined, cfg.hidden]);
   if (c.handle.numRecv >= 0 && x.shape[0]! < c.handle.numRecv) throw invalid('input.x.shape[0]', `is ${x.shape[0]}; the dispatch received ${c.handle.numRecv} rows`);
@@ -291,9 +299,11 @@ function checkDeviceCombine(c: DeviceCombineInput, cfg: BufferConfig, rank: numb
   if (bias.length > 2) throw invalid('input.bias', `takes at most 2 tensors (got ${bias.length})`);
   for (let i = 0; i < bias.length; i++) checkDevice(`input.bias[${i}]`, bias[i], ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]);
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { numSms?, out? }');
+  if (opts !== undefined) checkKnownKeys('options', opts, DEVICE_COMBINE_OPTION_KEYS);
   if (opts?.numSms !== undefined && opts.numSms !== 0) checkPositiveInt('options.numSms', opts.numSms, 1 << 16);
   if (opts?.out !== undefined) {
     if (opts.out === null || typeof opts.out !== 'object') throw invalid('options.out', 'must be { x, topkWeights } (device tensors)');
+    checkKnownKeys('options.out', opts.out, DEVICE_OUT_KEYS);
     checkDevice('options.out.x', opts.out.x, ['bf16'], undefined, [c.handle.numTokens, cfg.hidden]);
     checkDevice('options.out.topkWeights', opts.out.topkWeights, ['fp32'], undefined, [c.handle.numTokens, cfg.topk]);
   }

@@ -12,7 +12,8 @@
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
 import { checkTensor, ELEMENT_BYTES, fromBytes, isDType, numel, type DType, type Tensor } from '../actors/core/tensor.js';
-import type { AsyncOptions, InFlightCollective, PendingFetch } from '../actors/core/types.js';
+import { ASYNC_OPTION_KEYS, type AsyncOptions, type InFlightCollective, type PendingFetch } from '../actors/core/types.js';
+import { checkKnownKeys } from '../actors/core/option-keys.js';
 import { checkPositiveInt } from '../actors/core/validate.js';
 import type { InFlightKind } from '../machines/index.js';
 import type { RankOps } from './ops.js';
@@ -70,6 +71,7 @@ export function refuseWhileFetching(ops: RankOps, what: string): void {
 function checkAsyncOptions(opts: unknown): boolean {
   if (opts === undefined) return false;
   if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { async? }');
+  checkKnownKeys('options', opts, ASYNC_OPTION_KEYS);
   const a = (opts as AsyncOptions).async;
   if (a !== undefined && typeof a !== 'boolean') throw invalid('options.async', 'must be a boolean');
   return a === true;
@@ -317,6 +319,7 @@ const viewOffsets = new WeakMap<object, number>();
 /** rank.openSession: every rank enters the session state (collective), then gets its handle. */
 export function openRankSession(ops: RankOps, opts: { maxBytes: number; maxAllGathers: number }): RankSession {
   if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be an object { maxBytes, maxAllGathers }');
+  checkKnownKeys('options', opts, ['maxBytes', 'maxAllGathers']);
   checkPositiveInt('maxBytes', opts.maxBytes);
   checkPositiveInt('maxAllGathers', opts.maxAllGathers, 1 << 16);
   refuseWhileFetching(ops, 'openSession');

@@ -23,19 +23,19 @@ export const benchCommand: Command = {
     name: 'bench',
     summary: 'the host benchmark, and the GPU benchmark where GPUs are',
     usage:
-        'usage: rankflow bench [--only host|gpu] [--out DIR] [--ranks N] [--iters N] [--warmup N] ' +
+        'usage: rankflow bench [--only host|gpu] [-o|--out DIR] [-r|--ranks N] [--iters N] [--warmup N] ' +
         '[--tokens N] [--hidden N] [--topk N] [--experts N] [--barrier-iters N] [--sms LIST] [--overhead-iters N] [--world]',
     details: `  Runs dist/bench/host.js, then dist/bench/gpu.js where at least ${MIN_GPUS} GPUs are usable.
   --only host|gpu     run one of them (gpu fails where there are no GPUs)
-  --out DIR           where the results (host-<date>.json, gpu-<date>.json) go (default: the current directory)
-  --ranks N           host ranks (host default 4); GPUs used (gpu default: all)
+  -o, --out DIR       where the results (host-<date>.json, gpu-<date>.json) go (default: the current directory)
+  -r, --ranks N       host ranks (host default 4); GPUs used (gpu default: all)
   --iters N, --warmup N   timed and warm-up calls, both benches
 host bench: --tokens N (512), --hidden N (2048), --topk N (8), --experts N (64), --barrier-iters N (2000)
 GPU bench:  --sms LIST (8,16,24,32,48,64,96,132), --overhead-iters N (2000), --world (one process per GPU)`,
     options: {
         only: { type: 'string' },
-        out: { type: 'string' },
-        ...Object.fromEntries(INT_FLAGS.map((name) => [name, { type: 'string' as const }])),
+        out: { type: 'string', short: 'o' },
+        ...Object.fromEntries(INT_FLAGS.map((name) => [name, name === 'ranks' ? { type: 'string' as const, short: 'r' } : { type: 'string' as const }])),
         sms: { type: 'string' },
         world: { type: 'boolean' }
     },

@@ -9,11 +9,12 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import { dirname, resolve } from 'node:path';
 import { createGroup } from '../group.js';
 import { RankflowError } from '../core/errors.js';
-import { tensor, toBf16, type Tensor } from '../core/tensor.js';
+import { tensor, toBf16 } from '../core/tensor.js';
+import { checkBufferConfig, type BufferConfig } from '../core/validate.js';
 import { debug } from '../observe/debug.js';
 import type { GroupObserver } from '../observe/observer.js';
 import { TimelineRecorder } from '../observe/timeline-recorder.js';
-import { choiceFlag, intFlag, pathFlag, type CliIo, type Command, type DemoRun, type OptionSpec, type OptionValues } from './command.js';
+import { UsageError, choiceFlag, intFlag, pathFlag, type CliIo, type Command, type DemoRun, type OptionSpec, type OptionValues } from './command.js';
 
 export interface DemoSettings {
     ranks: number;
@@ -26,24 +27,38 @@ export interface DemoSettings {
 
 /** The demo's own flags; `inspect` takes them too and hands them on. */
 export const DEMO_OPTIONS: OptionSpec = {
-    ranks: { type: 'string' },
-    backend: { type: 'string' },
-    tokens: { type: 'string' },
+    ranks: { type: 'string', short: 'r' },
+    backend: { type: 'string', short: 'b' },
+    tokens: { type: 'string', short: 't' },
     hidden: { type: 'string' },
-    rounds: { type: 'string' },
-    quiet: { type: 'boolean' }
+    rounds: { type: 'string', short: 'n' },
+    quiet: { type: 'boolean', short: 'q' }
 };
 
-export const DEMO_DETAILS = `  --ranks N           ranks in the group (default 4)
-  --backend B         auto, host or cuda (default auto: cuda where GPUs are usable)
-  --tokens N          tokens per rank for dispatch/combine (default 256)
-  --hidden N          hidden size (default 1024)
-  --rounds N          barriers timed (default 100)
-  --quiet             do not print each transition`;
+export const DEMO_DETAILS = `  -r, --ranks N       ranks in the group (default 4)
+  -b, --backend B     auto, host or cuda (default auto: cuda where GPUs are usable)
+  -t, --tokens N      tokens per rank for dispatch/combine (default 256)
+  --hidden N          hidden size, a multiple of 8 (default 1024)
+  -n, --rounds N      barriers timed (default 100)
+  -q, --quiet         do not print each transition`;
 
-/** Checks the demo's flags; throws UsageError naming the first one that is wrong. */
+const TOPK = 8;
+
+/** The buffer the demo's group is made with: top-8 of 8 experts per rank. */
+export function demoBuffer(o: Pick<DemoSettings, 'ranks' | 'tokens' | 'hidden'>): BufferConfig {
+    return { maxTokensPerRank: o.tokens, hidden: o.hidden, topk: TOPK, numExperts: TOPK * o.ranks };
+}
+
+/** The buffer fields the demo's flags set. */
+const FLAG_OF: Record<string, string> = { maxTokensPerRank: 'tokens', hidden: 'hidden' };
+
+/**
+ * Checks the demo's flags; throws UsageError naming the first one that is wrong, also where only the
+ * group would refuse it (--hidden 100: not a multiple of 8), so a bad command line is a usage error
+ * (exit 2) before anything starts, not a failed demo (exit 1).
+ */
 export function demoSettings(values: OptionValues): DemoSettings {
-    return {
+    const settings: DemoSettings = {
         ranks: intFlag(values, 'ranks', 4, 1, 64),
         backend: choiceFlag(values, 'backend', ['auto', 'host', 'cuda'] as const, 'auto'),
         tokens: intFlag(values, 'tokens', 256),
@@ -51,13 +66,21 @@ export function demoSettings(values: OptionValues): DemoSettings {
         rounds: intFlag(values, 'rounds', 100),
         quiet: values.quiet === true
     };
+    try {
+        checkBufferConfig(demoBuffer(settings), settings.ranks);
+    } catch (error) {
+        const m = /^buffer\.(\w+): (.*)$/s.exec((error as Error).message);
+        if (!m) throw error;
+        throw new UsageError(`--${FLAG_OF[m[1]!] ?? m[1]} ${m[2]}`);
+    }
+    return settings;
 }
 
 export const demoCommand: Command = {
     name: 'demo',
     summary: 'run a group: transitions, barrier, allGather, dispatch/combine',
     usage:
-        'usage: rankflow demo [--ranks N] [--backend auto|host|cuda] [--tokens N] [--hidden N] [--rounds N] [--quiet] ' +
+        'usage: rankflow demo [-r|--ranks N] [-b|--backend auto|host|cuda] [-t|--tokens N] [--hidden N] [-n|--rounds N] [-q|--quiet] ' +
         '[--timeline out.svg] [--trace out.json]',
     details: `${DEMO_DETAILS}
   --timeline FILE     write the run's timeline as SVG when the demo ends
@@ -124,7 +147,8 @@ function progressLog(io: CliIo) {
 /** The demo itself: one group, created with `observers` attached, destroyed at the end. */
 export async function runDemo({ settings: o, observers, io }: DemoRun): Promise<void> {
     const progress = progressLog(io);
-    const topk = 8, numExperts = 8 * o.ranks;
+    const buffer = demoBuffer(o);
+    const { topk, numExperts } = buffer;
     let printTransitions = !o.quiet;
     const printer: GroupObserver = {
         attach: (g) => {
@@ -140,7 +164,7 @@ export async function runDemo({ settings: o, observers, io }: DemoRun): Promise<
     const t0 = performance.now();
     const group = await createGroup({
         ranks: o.ranks, backend: o.backend,
-        buffer: { maxTokensPerRank: o.tokens, hidden: o.hidden, topk, numExperts },
+        buffer,
         observers: [...observers, printer],
     });
     const created = performance.now() - t0;
@@ -176,7 +200,7 @@ export async function runDemo({ settings: o, observers, io }: DemoRun): Promise<
                 for (let k = 0; k < topk; k++) { let e = topkIdx[t * topk + k]!; while (seen.has(e)) e = (e + 1) % numExperts; seen.add(e); topkIdx[t * topk + k] = e; }
             }
             progress.tick('inputs', index + 1, group.size);
-            return { x: tensor('bf16', [T, o.hidden], x) as Tensor, topkIdx, topkWeights: new Float32Array(T * topk).fill(1 / topk) };
+            return { x: tensor('bf16', [T, o.hidden], x), topkIdx, topkWeights: new Float32Array(T * topk).fill(1 / topk) };
         });
         progress.phase('dispatch');
         const d0 = performance.now();

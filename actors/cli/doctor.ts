@@ -5,9 +5,9 @@
  * stdout for scripts. The probe's messages carry the loader's "(tried: ...)" lists; they are
  * taken apart here into one line per library tried, each path written once.
  */
-import { loadAddon } from '../core/addon.js';
+import { loadAddon, loadedAddon } from '../core/addon.js';
+import { addonCandidates } from '../core/addon-select.js';
 import { probeCuda, resolveBackend, type CudaProbe } from '../core/backend.js';
-import { config } from '../core/config.js';
 import { debug } from '../observe/debug.js';
 import type { Command } from './command.js';
 import { packageVersion } from './version.js';
@@ -26,7 +26,8 @@ export interface DoctorReport {
     rankflow: string;
     node: string;
     platform: string;
-    addon: { path: string; loaded: boolean; error?: string };
+    /** The build in use ('source', 'prebuilt-cuda', ...: actors/core/addon-select.ts), and the ones passed over on the way. */
+    addon: { path: string; loaded: boolean; origin?: string; error?: string; passedOver?: Array<{ path: string; origin: string; error: string }> };
     kernels?: { images: number; note: string };
     cuda: {
         available: boolean;
@@ -52,6 +53,8 @@ export interface DoctorReport {
     };
     /** What `backend: 'auto'` resolves to here, or null with the reason. */
     auto: { backend: 'host' | 'cuda' | null; error?: string };
+    /** What is broken here: `rankflow doctor` exits 1 when this is not empty. */
+    problems: string[];
 }
 
 const HOST_SCALE_OUT = 'TCP between rail peers (the rendezvous connects them; world.nodeId marks simulated nodes)';
@@ -107,17 +110,21 @@ export function doctorReport(): DoctorReport {
         rankflow: packageVersion(),
         node: process.version,
         platform: `${process.platform} ${process.arch}`,
-        addon: { path: config.addonPath, loaded: false },
+        addon: { path: addonCandidates().map((c) => c.path).join(', '), loaded: false },
         cuda: { available: false, gpus: [] },
         scaleOut: { host: { transport: HOST_SCALE_OUT }, cuda: cudaScaleOut(undefined, 'not probed: the addon did not load') },
-        auto: { backend: null }
+        auto: { backend: null },
+        problems: []
     };
     try {
         loadAddon();
-        report.addon.loaded = true;
+        const used = loadedAddon()!;
+        report.addon = { path: used.path, loaded: true, origin: used.origin };
+        if (used.passedOver.length > 0) report.addon.passedOver = used.passedOver.map((p) => ({ path: p.path, origin: p.origin, error: p.error }));
     } catch (error) {
         report.addon.error = (error as Error).message;
         report.auto.error = 'the addon did not load';
+        report.problems.push('the native addon does not load (see addon)');
         return report;
     }
     const probe: CudaProbe = probeCuda();
@@ -144,7 +151,11 @@ export function doctorReport(): DoctorReport {
         report.auto.backend = resolveBackend('auto');
     } catch (error) {
         report.auto.error = (error as Error).message;
+        report.problems.push(`backend 'auto' resolves to nothing: ${report.auto.error}`);
     }
+    // GPUs the driver sees that rankflow cannot use are broken here; no GPU at all is not.
+    if (report.cuda.gpus.length > 0 && !report.cuda.available)
+        report.problems.push(`the driver sees ${report.cuda.gpus.length} GPU(s) but the cuda backend is not usable: ${report.cuda.unavailable?.reason ?? 'unknown'}`);
     return report;
 }
 
@@ -162,10 +173,12 @@ export function formatDoctorReport(report: DoctorReport): string[] {
     lines.push(`rankflow ${report.rankflow} (node ${report.node}, ${report.platform})`);
     if (!report.addon.loaded) {
         row('addon', `not loaded: ${report.addon.path}`);
-        more(report.addon.error ?? '');
+        for (const line of (report.addon.error ?? '').split('\n')) more(line.trim());
+        for (const p of report.problems) row('problem', p);
         return lines;
     }
-    row('addon', `${report.addon.path}, loaded`);
+    row('addon', `${report.addon.path}, loaded (${report.addon.origin})`);
+    for (const p of report.addon.passedOver ?? []) more(`passed over ${p.path} (${p.origin}): ${p.error}`);
     row('kernels', report.kernels ? `${report.kernels.images} images, ${report.kernels.note}` : 'none: this build has no CUDA backend');
     if (report.cuda.driver) row('driver', `${report.cuda.driver.path}${report.cuda.driver.version ? `, CUDA ${report.cuda.driver.version}` : ''}`);
     else if (report.cuda.unavailable) failure('driver', report.cuda.unavailable);
@@ -183,19 +196,21 @@ export function formatDoctorReport(report: DoctorReport): string[] {
     more(`cuda: ${cuda.transport}${cuda.available ? ': the NCCL found has both calls' : `: ${cuda.unavailable ?? 'unavailable'}`}`);
     more(`      across nodes: ${cuda.runs}`);
     row('auto', report.auto.backend ? `picks '${report.auto.backend}'` : `picks nothing: ${report.auto.error ?? 'unknown'}`);
+    for (const p of report.problems) row('problem', p);
     return lines;
 }
 
 export const doctorCommand: Command = {
     name: 'doctor',
     summary: "what this machine has: GPUs, driver, NCCL, kernels, what 'auto' picks",
-    usage: 'usage: rankflow doctor [--json]',
-    details: '  --json              one JSON object on stdout instead of text (fields: rankflow, node, addon, kernels, cuda, nccl, scaleOut, auto)',
-    options: { json: { type: 'boolean' } },
+    usage: 'usage: rankflow doctor [-j|--json]',
+    details: '  -j, --json          one JSON object on stdout instead of text (fields: rankflow, node, addon, kernels, cuda, nccl, scaleOut, auto, problems)\n' +
+        '  Exits 1 when something it checks is broken (the addon does not load; GPUs the cuda backend cannot use), else 0.',
+    options: { json: { type: 'boolean', short: 'j' } },
     async run(values, context) {
         const report = doctorReport();
         if (values.json) context.out(JSON.stringify(report, null, 2));
         else for (const line of formatDoctorReport(report)) context.out(line);
-        return report.addon.loaded ? 0 : 1;
+        return report.problems.length === 0 ? 0 : 1;
     }
 };

@@ -2,7 +2,8 @@
  * The `rankflow` command: one entry, one parser. Each command (demo.ts, inspect.ts, doctor.ts,
  * bench.ts) declares its options; node:util parseArgs reads them here, strictly, and the command's
  * own checks run before it starts anything. Exit codes: 0 done, 1 the work failed, 2 a usage error
- * (the message and the usage line on stderr).
+ * (the message and the usage line on stderr), 128 + n when signal n stopped it (inspect: 130 for Ctrl-C).
+ * Short flags: -h and -v here, each command's own in its options (-r for --ranks, ...).
  */
 import { parseArgs } from 'node:util';
 import { debug } from '../observe/debug.js';
@@ -17,11 +18,12 @@ export const COMMANDS: readonly Command[] = [demoCommand, inspectCommand, doctor
 
 /** `rankflow --help`: every command with its one-line summary. */
 export function usage(): string {
-    const width = Math.max(...COMMANDS.map((c) => c.name.length), '--version'.length) + 3;
+    const width = Math.max(...COMMANDS.map((c) => c.name.length), '-v, --version'.length) + 3;
     return [
         'usage: rankflow <command> [options]      (rankflow <command> --help for its options)',
         ...COMMANDS.map((c) => `  ${c.name.padEnd(width)}${c.summary}`),
-        `  ${'--version'.padEnd(width)}print the version`
+        `  ${'-v, --version'.padEnd(width)}print the version`,
+        `  ${'-h, --help'.padEnd(width)}this help; rankflow <command> -h for a command's`
     ].join('\n');
 }
 
@@ -39,6 +41,7 @@ export async function main(argv: string[], context: CliContext = {}): Promise<nu
     const [name, ...rest] = argv;
     debug('cli: %o', argv);
     if (name === '--version' || name === '-v' || name === 'version') {
+        if (rest.length > 0) return topUsageError(`${name} takes no arguments (got '${rest.join(' ')}')`, io);
         io.out(packageVersion());
         return 0;
     }
@@ -47,16 +50,15 @@ export async function main(argv: string[], context: CliContext = {}): Promise<nu
         return 2;
     }
     if (name === 'help' || name === '--help' || name === '-h') {
+        // `rankflow help [command]`: one topic at most, and one that exists.
+        if (rest.length > 1) return topUsageError(`${name} takes at most one command (got '${rest.join(' ')}')`, io);
         const topic = COMMANDS.find((c) => c.name === rest[0]);
+        if (rest.length === 1 && !topic) return topUsageError(`unknown command '${rest[0]}'`, io);
         io.out(topic ? commandHelp(topic) : usage());
         return 0;
     }
     const command = COMMANDS.find((c) => c.name === name);
-    if (!command) {
-        io.err(`rankflow: unknown command '${name}'`);
-        io.err(usage());
-        return 2;
-    }
+    if (!command) return topUsageError(`unknown ${name.startsWith('-') ? 'option' : 'command'} '${name}'`, io);
 
     let values: Record<string, string | boolean | undefined>;
     try {
@@ -80,6 +82,12 @@ export async function main(argv: string[], context: CliContext = {}): Promise<nu
         if (error instanceof UsageError) return usageError(command, error.message, io);
         throw error;
     }
+}
+
+function topUsageError(message: string, io: CliIo): number {
+    io.err(`rankflow: ${message}`);
+    io.err(usage());
+    return 2;
 }
 
 function usageError(command: Command, message: string, io: CliIo): number {

@@ -1,8 +1,8 @@
-// Loads the native addon once per thread, and says clearly what is missing when it cannot.
-import { createRequire } from 'node:module';
-import { existsSync } from 'node:fs';
+// The native addon's interface as TypeScript sees it, and its loading: once per thread, the build
+// addon-select.ts picks, with a clear error when none loads.
+import { isMainThread } from 'node:worker_threads';
 
-import { config } from './config.js';
+import { addonCandidates, chooseAddon, fallbackMessage, type AddonCandidate, type PassedOver } from './addon-select.js';
 import { RankflowError } from './errors.js';
 
 export interface ExportedSegments { deviceFd: number; hostFd: number; pid: number }
@@ -177,18 +177,24 @@ export interface Addon {
   hmacSha256(key: Uint8Array, message: Uint8Array): Uint8Array;
 }
 
-let addon: Addon | undefined;
+let loaded: (AddonCandidate & { addon: Addon; passedOver: PassedOver[] }) | undefined;
 
+/**
+ * The addon this thread uses (addon-select.ts picks it: RANKFLOW_ADDON, the source build, the prebuilt
+ * addon for this machine), loaded and probed once per thread. Every thread picks the same file; the main
+ * thread says so when it fell back from one that failed.
+ */
 export function loadAddon(): Addon {
-  if (addon) return addon;
-  if (!existsSync(config.addonPath)) {
-    throw new RankflowError('BACKEND_UNAVAILABLE',
-      `the native addon is not built (looked for ${config.addonPath}): its install script did not run; run \`npm rebuild rankflow\` (pnpm: \`pnpm approve-builds\`), or \`npm run build\` in a checkout of rankflow`);
-  }
-  try {
-    addon = createRequire(import.meta.url)(config.addonPath) as Addon;
-  } catch (e) {
-    throw new RankflowError('BACKEND_UNAVAILABLE', `the native addon at ${config.addonPath} failed to load: ${(e as Error).message}`, { cause: e });
-  }
-  return addon;
+  if (loaded) return loaded.addon;
+  const choice = chooseAddon<Addon>(addonCandidates());
+  if (!choice.loaded) throw new RankflowError('BACKEND_UNAVAILABLE', choice.error ?? 'no native addon');
+  loaded = { ...choice.loaded, passedOver: choice.passedOver };
+  const fallback = fallbackMessage(choice);
+  if (fallback && isMainThread) process.emitWarning(fallback);
+  return loaded.addon;
+}
+
+/** Which build of the addon is in use (after loadAddon), and what was passed over on the way: for doctor and the debug log. */
+export function loadedAddon(): { origin: AddonCandidate['origin']; path: string; description: string; passedOver: PassedOver[] } | undefined {
+  return loaded ? { origin: loaded.origin, path: loaded.path, description: loaded.description, passedOver: loaded.passedOver } : undefined;
 }

@@ -16,8 +16,13 @@ export const PACKAGE_ROOT = ((): string => {
 export const config = {
   /** RANKFLOW_BACKEND: overrides `backend: 'auto'` ('host' | 'cuda'). */
   backend: env.RANKFLOW_BACKEND as 'host' | 'cuda' | undefined,
-  /** RANKFLOW_ADDON: path of the native addon; default build/native/Release/rankflow.node in the package. */
-  addonPath: env.RANKFLOW_ADDON ?? path.join(PACKAGE_ROOT, 'build', 'native', 'Release', 'rankflow.node'),
+  /**
+   * RANKFLOW_ADDON: path of the native addon to load, and no other; default: the source build
+   * (build/native/Release/rankflow.node) if there is one, else the prebuilt addon for this machine
+   * (prebuilds/<platform>-<arch>/rankflow-{cuda,host}.node; actors/core/addon-select.ts).
+   * The build's own switches (RANKFLOW_BUILD_CUDA, ...) are read in native/build-config.mjs.
+   */
+  addonOverride: env.RANKFLOW_ADDON === '' ? undefined : env.RANKFLOW_ADDON,
   /** RANKFLOW_CPU_TIMEOUT / RANKFLOW_GPU_TIMEOUT: default timeouts in seconds (API: 300 and 100). */
   cpuSeconds: num(env.RANKFLOW_CPU_TIMEOUT, 300),
   gpuSeconds: num(env.RANKFLOW_GPU_TIMEOUT, 100),

@@ -4,6 +4,7 @@
 // memory of the application's own (`rank.wrapDevice`): never freed here, its owner kept until free().
 import { invalid, RankflowError } from './errors.js';
 import { ELEMENT_BYTES, fromBytes, isDType, numel, type DType, type Tensor } from './tensor.js';
+import { checkKnownKeys } from './option-keys.js';
 
 /** What a device tensor needs from its rank's native context. */
 export interface DeviceMemory {
@@ -115,6 +116,7 @@ export function externalTensor<D extends DType>(mem: ExternalMemory, ptr: unknow
   if (!isDType(dtype)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')}`);
   if (!Array.isArray(shape) || shape.some((d) => !Number.isInteger(d) || d < 0)) throw invalid('shape', 'must be a list of non-negative integers');
   if (opts !== undefined && (opts === null || typeof opts !== 'object')) throw invalid('options', 'must be { owner? }');
+  if (opts !== undefined) checkKnownKeys('options', opts, ['owner']);
   const bytes = numel(shape) * ELEMENT_BYTES[dtype];
   try {
     mem.deviceCheck(ptr, bytes);

@@ -48,3 +48,11 @@ export class RankflowError extends Error {
 export function invalid(argument: string, problem: string): RankflowError {
   return new RankflowError('EINVAL', `${argument}: ${problem}`);
 }
+
+/** A value as an error message shows it. */
+export function describe(v: unknown): string {
+  if (Array.isArray(v)) return `an array of ${v.length}`;
+  if (typeof v === 'string') return JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}...` : v);
+  if (typeof v === 'object' && v !== null) return v.constructor?.name ?? 'an object';
+  return String(v);
+}

@@ -4,7 +4,8 @@
 import { invalid } from './errors.js';
 import { loadAddon } from './addon.js';
 import { ELEMENT_BYTES, isDType, type DType } from './tensor.js';
-import { MAX_SEGMENT_BYTES, checkBufferConfig, checkPositiveInt } from './validate.js';
+import { MAX_SEGMENT_BYTES, checkBufferConfig, checkPositiveInt, type BufferConfig } from './validate.js';
+import { checkKnownKeys } from './option-keys.js';
 
 const ALIGN = 2 * 1024 * 1024;
 /** Collectives of a session start at multiples of this (kernels/protocol.hpp kRegionAlignment). */
@@ -40,8 +41,8 @@ function workspaceBytes(numExperts: unknown, worldSize: number): number {
   return loadAddon().layout({ maxTokensPerRank: 1, hidden: 8, topk: 1, numExperts: e }, worldSize).workspace.bytes;
 }
 
-/** Bytes of symmetric memory (workspace + buffer) a rank needs for dispatch/combine; 2 MiB aligned. */
-export function sizeHint(cfg: EpSizes, worldSize: number): number {
+/** Bytes of symmetric memory (workspace + buffer) a rank needs for dispatch/combine; 2 MiB aligned. A group's whole `buffer` may be given. */
+export function sizeHint(cfg: EpSizes & Pick<BufferConfig, 'cpuBytes' | 'bytes'>, worldSize: number): number {
   const w = checkWorldSize(worldSize);
   if (cfg === null || typeof cfg !== 'object' || Array.isArray(cfg)) throw invalid('config', 'must be { maxTokensPerRank, hidden, topk, numExperts, fp8Dispatch?, hybrid? }');
   checkBufferConfig(cfg, w, '');
@@ -51,6 +52,7 @@ export function sizeHint(cfg: EpSizes, worldSize: number): number {
 /** Bytes of host segment (buffer.cpuBytes) an engram table of this size needs; 2 MiB aligned. */
 export function engramSizeHint(t: { entriesPerRank: number; hidden: number; dtype?: DType }): number {
   if (t === null || typeof t !== 'object' || Array.isArray(t)) throw invalid('table', 'must be { entriesPerRank, hidden, dtype? }');
+  checkKnownKeys('table', t, ['entriesPerRank', 'hidden', 'dtype']);
   checkPositiveInt('entriesPerRank', t.entriesPerRank);
   checkPositiveInt('hidden', t.hidden);
   const dtype = t.dtype ?? 'bf16';
@@ -65,6 +67,7 @@ export function engramSizeHint(t: { entriesPerRank: number; hidden: number; dtyp
 export function ppSizeHint(t: { maxBytes: number; numExperts?: number }, worldSize: number): number {
   const w = checkWorldSize(worldSize);
   if (t === null || typeof t !== 'object' || Array.isArray(t)) throw invalid('exchange', 'must be { maxBytes, numExperts? }');
+  checkKnownKeys('exchange', t, ['maxBytes', 'numExperts']);
   checkPositiveInt('maxBytes', t.maxBytes, MAX_SEGMENT_BYTES);
   return checkResult('maxBytes', workspaceBytes(t.numExperts, w) + alignUp(t.maxBytes));
 }
@@ -83,6 +86,7 @@ export function sessionBytes(maxBytes: number, maxAllGathers: number, worldSize:
 export function sessionSizeHint(t: { maxBytes: number; maxAllGathers: number; numExperts?: number }, worldSize: number): number {
   const w = checkWorldSize(worldSize);
   if (t === null || typeof t !== 'object' || Array.isArray(t)) throw invalid('session', 'must be { maxBytes, maxAllGathers, numExperts? }');
+  checkKnownKeys('session', t, ['maxBytes', 'maxAllGathers', 'numExperts']);
   checkPositiveInt('maxBytes', t.maxBytes, MAX_SEGMENT_BYTES);
   checkPositiveInt('maxAllGathers', t.maxAllGathers, 1 << 16);
   return checkResult('maxBytes', alignUp(workspaceBytes(t.numExperts, w) + sessionBytes(t.maxBytes, t.maxAllGathers, w)));

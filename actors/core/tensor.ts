@@ -1,6 +1,6 @@
 // Host tensors (API.md "Tensors"): plain data, row-major, with the dtypes rankflow moves.
 // Also the bf16 conversions the tests and demos need (round to nearest even, as the native side).
-import { invalid } from './errors.js';
+import { describe, invalid } from './errors.js';
 
 export type DType = 'bf16' | 'fp32' | 'fp8e4m3' | 'int32';
 export type TensorData = Uint16Array | Float32Array | Uint8Array | Int32Array;
@@ -20,9 +20,27 @@ export const isDType = (d: unknown): d is DType => typeof d === 'string' && Obje
 
 export const numel = (shape: readonly number[]): number => shape.reduce((a, b) => a * b, 1);
 
-/** A zero-filled tensor, or one wrapping `data`. */
+/**
+ * A zero-filled tensor, or one wrapping `data` (no copy). EINVAL naming the argument for a dtype that
+ * is not one of DType, a shape that is not non-negative integers, data of another typed array than the
+ * dtype's or of another length than the shape's: such a tensor would only fail later, in a collective.
+ */
 export function tensor<D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> {
-  const d = data ?? (new ARRAY_OF[dtype](numel(shape)) as Tensor<D>['data']);
+  if (!isDType(dtype)) throw invalid('dtype', `must be one of ${Object.keys(ELEMENT_BYTES).join(', ')} (got ${describe(dtype)})`);
+  if (!Array.isArray(shape) || shape.some((n) => !Number.isSafeInteger(n) || n < 0))
+    throw invalid('shape', `must be an array of non-negative integers (got ${Array.isArray(shape) ? `[${shape.map((n) => describe(n)).join(', ')}]` : describe(shape)})`);
+  const n = numel(shape);
+  if (data !== undefined) {
+    if (!(data instanceof (ARRAY_OF[dtype] as unknown as typeof Uint8Array))) throw invalid('data', `must be a ${NAME_OF[dtype]} for dtype ${dtype} (got ${describe(data)})`);
+    if (data.length !== n) throw invalid('data', `has ${data.length} elements; shape [${shape.join(', ')}] needs ${n}`);
+    return { dtype, shape: [...shape], data };
+  }
+  let d: Tensor<D>['data'];
+  try {
+    d = new ARRAY_OF[dtype](n) as Tensor<D>['data'];
+  } catch (e) {
+    throw invalid('shape', `[${shape.join(', ')}] is ${n} elements: ${(e as Error).message}`);
+  }
   return { dtype, shape: [...shape], data: d };
 }
 

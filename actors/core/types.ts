@@ -2,12 +2,15 @@
 // and the ranks' workers, so that neither layer imports the other for its types.
 import type { DeviceTensor } from './device-tensor.js';
 import type { Tensor } from './tensor.js';
-import type { DispatchHandle } from './validate.js';
+import type { DispatchDType, DispatchHandle } from './validate.js';
 import type { FailureInfo } from '../../machines/index.js';
+import { keysOf } from './option-keys.js';
 
-export interface DispatchResult {
-  x: Tensor;
-  scales?: Tensor;
+/** One rank's dispatch result: x has the input's dtype (a bf16 dispatch gives a Uint16Array, no cast needed). */
+export interface DispatchResult<D extends DispatchDType = DispatchDType> {
+  x: Tensor<D>;
+  /** fp8 dispatch: the received rows' scales */
+  scales?: Tensor<'fp32'>;
   topkIdx: Int32Array;
   topkWeights: Float32Array;
   srcRank: Int32Array;
@@ -109,3 +112,13 @@ export interface TrafficReport {
   scaleOutBytes: number;
   scaleOutSeconds: number;
 }
+
+// The keys each options object of the rank programs' ops takes (option-keys.ts: any other is EINVAL).
+export const DEVICE_DISPATCH_INPUT_KEYS = keysOf<DeviceDispatchInput>()(['x', 'scales', 'topkIdx', 'topkWeights', 'expertAlignment', 'handle']);
+export const DEVICE_COMBINE_INPUT_KEYS = keysOf<DeviceCombineInput>()(['x', 'handle', 'topkWeights', 'bias']);
+/** a device dispatch's options (out is a combine's) */
+export const DEVICE_DISPATCH_OPTION_KEYS: readonly string[] = ['outputsInBuffer', 'numSms'];
+/** a device combine's options (outputsInBuffer is a dispatch's) */
+export const DEVICE_COMBINE_OPTION_KEYS: readonly string[] = ['numSms', 'out'];
+export const DEVICE_OUT_KEYS = keysOf<NonNullable<DeviceOptions['out']>>()(['x', 'topkWeights']);
+export const ASYNC_OPTION_KEYS = keysOf<AsyncOptions>()(['async']);

@@ -1,6 +1,7 @@
 // Input checks of the public API. Each throws EINVAL naming the argument, before any rank moves:
 // the driver-mode group runs them for every rank first, rank programs run the per-rank ones.
-import { invalid } from './errors.js';
+import { describe, invalid } from './errors.js';
+import { checkKnownKeys, keysOf, shapeKeys } from './option-keys.js';
 import { MAX_LIVE_HANDLES, type HandleRegistry } from './handles.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type Tensor } from './tensor.js';
 
@@ -26,9 +27,13 @@ export interface DispatchHandle {
   readonly numRecv: number;
 }
 
-export interface DispatchInput {
-  x: Tensor;
-  scales?: Tensor;
+/** The dtypes a dispatch moves: bf16, or fp8e4m3 with scales (buffer.fp8Dispatch). */
+export type DispatchDType = 'bf16' | 'fp8e4m3';
+
+/** One rank's dispatch input; `D` (inferred from x) carries through to the result's x. */
+export interface DispatchInput<D extends DispatchDType = DispatchDType> {
+  x: Tensor<D>;
+  scales?: Tensor<'fp32'>;
   topkIdx?: Int32Array;
   topkWeights?: Float32Array;
   expertAlignment?: number;
@@ -42,6 +47,9 @@ export interface CombineInput {
   bias?: Tensor | Tensor[];
 }
 
+export const DISPATCH_INPUT_KEYS = keysOf<DispatchInput>()(['x', 'scales', 'topkIdx', 'topkWeights', 'expertAlignment', 'handle']);
+export const COMBINE_INPUT_KEYS = keysOf<CombineInput>()(['x', 'handle', 'topkWeights', 'bias']);
+
 const isInt = (v: unknown): v is number => typeof v === 'number' && Number.isInteger(v);
 
 export function checkPositiveInt(name: string, v: unknown, max = Number.MAX_SAFE_INTEGER): number {
@@ -52,9 +60,14 @@ export function checkPositiveInt(name: string, v: unknown, max = Number.MAX_SAFE
 /** The most bytes one segment of a rank may have (buffer.bytes, buffer.cpuBytes): what the native side maps. */
 export const MAX_SEGMENT_BYTES = 2 ** 50;
 
+/** Every key of createGroup's `buffer` (sizeHint's config takes the same). */
+export const BUFFER_KEYS = keysOf<BufferConfig>()(['maxTokensPerRank', 'hidden', 'topk', 'numExperts', 'fp8Dispatch', 'cpuBytes', 'hybrid', 'bytes']);
+
 /** `prefix` names the fields ('buffer.' for createGroup, '' for sizeHint's config). */
 export function checkBufferConfig(b: unknown, worldSize: number, prefix = 'buffer.'): BufferConfig {
-  if (b === null || typeof b !== 'object' || Array.isArray(b)) throw invalid(prefix ? prefix.slice(0, -1) : 'config', 'must be an object { maxTokensPerRank, hidden, topk, numExperts, ... }');
+  const name = prefix ? prefix.slice(0, -1) : 'config';
+  if (b === null || typeof b !== 'object' || Array.isArray(b)) throw invalid(name, 'must be an object { maxTokensPerRank, hidden, topk, numExperts, ... }');
+  checkKnownKeys(name, b, BUFFER_KEYS);
   const c = b as BufferConfig;
   const n = (field: string): string => `${prefix}${field}`;
   checkPositiveInt(n('maxTokensPerRank'), c.maxTokensPerRank, 1 << 20);
@@ -77,6 +90,7 @@ export function checkBufferConfig(b: unknown, worldSize: number, prefix = 'buffe
 /** Per-rank dispatch checks; returns the number of tokens. */
 export function checkDispatchInput(name: string, input: unknown, cfg: BufferConfig, worldSize: number, rank: number, groupId: string, registry?: HandleRegistry): number {
   if (input === null || typeof input !== 'object') throw invalid(name, 'must be an object { x, topkIdx, topkWeights, ... }');
+  checkKnownKeys(name, input, DISPATCH_INPUT_KEYS);
   const d = input as DispatchInput;
   const fp8 = (d.x as Tensor | undefined)?.dtype === 'fp8e4m3';
   checkTensor(`${name}.x`, d.x, { dtypes: cfg.fp8Dispatch ? ['bf16', 'fp8e4m3'] : ['bf16'], rank: 2, shape: [undefined, cfg.hidden] });
@@ -129,6 +143,7 @@ export function checkHandle(name: string, h: unknown, rank: number, groupId: str
 /** Per-rank combine checks; returns the bias tensors as a list. */
 export function checkCombineInput(name: string, input: unknown, cfg: BufferConfig, rank: number, groupId: string, registry?: HandleRegistry): Tensor[] {
   if (input === null || typeof input !== 'object') throw invalid(name, 'must be an object { x, handle, ... }');
+  checkKnownKeys(name, input, COMBINE_INPUT_KEYS);
   const c = input as CombineInput;
   checkHandle(`${name}.handle`, c.handle, rank, groupId, registry);
   checkTensor(`${name}.x`, c.x, { dtypes: ['bf16'], rank: 2, shape: [c.handle.numRecv, cfg.hidden] });
@@ -182,11 +197,13 @@ export function checkHandlesAgree(name: string, handles: Array<DispatchHandle | 
 
 /**
  * An options argument: a plain object, or undefined where `optional`. Numbers, strings, booleans,
- * arrays and null are refused (EINVAL naming `name` and the shape it takes).
+ * arrays and null are refused (EINVAL naming `name` and the shape it takes), and so is a key that is
+ * not one of `known`: by default the keys the shape names ('{ withCpuSync? }'; option-keys.ts).
  */
-export function checkOptions<T extends object>(name: string, v: unknown, shape: string, optional = true): Partial<T> {
+export function checkOptions<T extends object>(name: string, v: unknown, shape: string, optional = true, known = shapeKeys(shape)): Partial<T> {
   if (v === undefined && optional) return {};
   if (v === null || typeof v !== 'object' || Array.isArray(v)) throw invalid(name, `must be an object ${shape} (got ${describe(v)})`);
+  if (known) checkKnownKeys(name, v, known);
   return v as Partial<T>;
 }
 
@@ -196,13 +213,7 @@ export function checkIntIn(name: string, v: unknown, lo: number, hi: number): nu
   return v;
 }
 
-/** A value as an error message shows it. */
-export function describe(v: unknown): string {
-  if (Array.isArray(v)) return `an array of ${v.length}`;
-  if (typeof v === 'string') return JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}...` : v);
-  if (typeof v === 'object' && v !== null) return v.constructor?.name ?? 'an object';
-  return String(v);
-}
+export { describe };
 
 /**
  * The largest RANKFLOW_TEST_FIRST_SEQ. Sequence numbers are uint64 natively but JS numbers in the

@@ -8,6 +8,7 @@ import { randomUUID } from 'node:crypto';
 
 import { invalid } from '../core/errors.js';
 import { abortError } from '../core/abort.js';
+import { checkKnownKeys, keysOf } from '../core/option-keys.js';
 import { config as env } from '../core/config.js';
 import { loadAddon, type ExportedSegments } from '../core/addon.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
@@ -29,9 +30,13 @@ export interface WorldOptions {
   nodeId?: string;
 }
 
+/** Every key of createGroup's `world`. */
+export const WORLD_KEYS = keysOf<WorldOptions>()(['size', 'rankOffset', 'rendezvous', 'token', 'nodeId']);
+
 /** The world options checked, with the token and nodeId defaults filled in. */
 export function checkWorld(w: unknown, localRanks: number): WorldOptions {
   if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous, token?, nodeId? }');
+  checkKnownKeys('world', w, WORLD_KEYS);
   const { size, rankOffset, rendezvous: url, token: given, nodeId: named } = w as WorldOptions;
   if (!Number.isInteger(size) || size < 1 || size > 64) throw invalid('world.size', `must be an integer in [1, 64] (got ${String(size)})`);
   if (!Number.isInteger(rankOffset) || rankOffset < 0 || rankOffset + localRanks > size)
