@@ -83,6 +83,9 @@ export function cutShort<T>(p: Promise<T>, cuts: Cuts[]): Promise<T> {
   });
 }
 
+/** Of the errors of the ranks of one call, the root cause: the first that is not a consequence (RANK_FAILED of a peer). */
+export const rootCause = (errors: RankflowError[]): RankflowError => errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+
 function cutAll(cuts: Cuts, error: RankflowError): void {
   cuts.error ??= error;
   for (const reject of [...cuts]) reject(error);
@@ -260,7 +263,7 @@ export class Ranks {
   async all<T>(fn: (api: Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
     const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => cutShort(fn(m.api, r), [m.untilFailed]))));
     const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
-    if (errors.length > 0) throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+    if (errors.length > 0) throw rootCause(errors);
     return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
   }
 

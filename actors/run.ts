@@ -13,7 +13,7 @@
 // rank.aborted, rank.signal, rank.anyAborted()), and the run rejects with ABORTED once they ended.
 import { abortError } from './core/abort.js';
 import { RankflowError, isErrorCode } from './core/errors.js';
-import { cutShort, type Ranks } from './ranks.js';
+import { cutShort, rootCause, type Ranks } from './ranks.js';
 import { rebuildThrown, thrownOf, thrownText, type ThrownValue } from './core/thrown.js';
 import type { RankPosition, RunOutcome } from '../workers/protocol.js';
 import type { Rendezvous } from './world/rendezvous.js';
@@ -121,7 +121,6 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
     // In a world, every process's end counts: the same numbers and the same error everywhere.
     const end = rv ? await agree(rv, local, workers) : local;
     if (!end.inStep) await recover(workers, end.seq, end.sessions);
-    workers.clearReleases();
     const t = end.threw?.thrown;
     // A program that ended with the abort it was told of (rank.signal's reason, an AbortError of a
     // timer or fetch bound to it) ended as asked: the run is ABORTED.
@@ -131,6 +130,8 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
     if (end.mismatch) throw mismatch(end.returned, done, rankOffset, done.find((o) => !o.ok) as Extract<RunOutcome, { ok: false }> | undefined);
     return done.map((o) => (o as Extract<RunOutcome, { ok: true }>).value as T);
   } finally {
+    // The ranks are back in step, or failed: their ops run again (or refuse with their failure).
+    workers.clearReleases();
     unsubscribe?.();
   }
 }
@@ -143,9 +144,8 @@ function failedOrDestroyed(deps: RunDeps, settled: PromiseSettledResult<unknown>
     ...workers.handles.flatMap((h) => (h.error ? [h.error] : [])),
   ];
   if (errors.length === 0 && !deps.destroying()) return;
-  workers.clearReleases();
   if (deps.destroying()) throw new RankflowError('ABORTED', 'group.run: the group was destroyed while its programs ran', { ...(errors[0] ? { cause: errors[0] } : {}) });
-  throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
+  throw rootCause(errors);
 }
 
 /** Every process's RunEnd, checked and merged; a rank's failure meanwhile ends the wait. */
@@ -162,10 +162,7 @@ async function agree(rv: Rendezvous, local: RunEnd, workers: Ranks): Promise<Run
 async function recover(workers: Ranks, seq: number, sessions: number): Promise<void> {
   const settled = await Promise.allSettled(workers.members.map((_, r) => workers.call(r, (api) => api.recover(seq, sessions))));
   const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
-  if (errors.length > 0) {
-    workers.clearReleases();
-    throw errors.find((e) => e.code !== 'RANK_FAILED') ?? errors[0]!;
-  }
+  if (errors.length > 0) throw rootCause(errors);
 }
 
 /**

@@ -17,7 +17,10 @@ test('driver mode: detached indices, rows and weights are EINVAL naming them', a
     try {
         await g.engramWrite([tensor('fp32', [2, 8]), tensor('fp32', [2, 8])]);
         await expect(g.engramFetch([detached(Int32Array.of(0)), Int32Array.of(0)])).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^indices\[0\]: its memory is detached/) });
-        await expect(g.allGather([tensor('fp32', [2], detached(new Float32Array(2))), tensor('fp32', [2])])).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^tensors\[0\]\.data: .*detached/) });
+        // tensor() refuses such data itself; a plain object reaches the op's own check
+        expect(() => tensor('fp32', [2], detached(new Float32Array(2)))).toThrow(/^data: has 0 elements; shape \[2\] needs 2 \(its memory is detached/);
+        const stale = { dtype: 'fp32' as const, shape: [2], data: detached(new Float32Array(2)) };
+        await expect(g.allGather([stale, tensor('fp32', [2])])).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^tensors\[0\]\.data: .*detached/) });
         const d = (w: Float32Array) => ({ x: tensor('bf16', [1, 64]), topkIdx: Int32Array.of(0, 1), topkWeights: w });
         await expect(g.dispatch([d(detached(new Float32Array(2))), d(new Float32Array(2))])).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^inputs\[0\]\.topkWeights: its memory is detached/) });
         expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
@@ -31,7 +34,7 @@ test('rank programs: the same refusals, and offsetOf of a closed session\'s view
     try {
         await g.engramWrite([tensor('fp32', [2, 8]), tensor('fp32', [2, 8])]);
         for (const a of await g.run<Record<string, { name?: string; code?: string; message?: string }>>(program('detached-inputs.mjs'))) {
-            for (const op of ['engramFetch', 'engramFetchAsync', 'allGather', 'dispatch', 'ppExchange'])
+            for (const op of ['engramFetch', 'engramFetchAsync', 'allGather', 'dispatch', 'ppExchange', 'hostTensor'])
                 expect(a[op], op).toMatchObject({ name: 'RankflowError', code: 'EINVAL', message: expect.stringMatching(DETACHED) });
             expect(a.otherSessionView).toMatchObject({ code: 'STATE', message: expect.stringMatching(/another AGRS session's buffer/) });
         }

@@ -260,7 +260,8 @@ function shellProblem(line: string, scripts: Record<string, string>): string | u
         return extra > 0 && script.startsWith('node bin/rankflow.js ') ? rankflowArgs([...script.split(' ').slice(2), ...args.slice(extra + 1)]) : undefined;
     }
     if (tool === 'npm' && ['install', 'ci', 'test', 'pack'].includes(args[0]!)) return undefined;
-    if ((tool === 'npm' || tool === 'pnpm') && args.join(' ') === 'rebuild rankflow') return undefined;
+    // npm's own flags (--foreground-scripts) change how a rebuild shows, not what it is
+    if ((tool === 'npm' || tool === 'pnpm') && args.filter((a) => !a.startsWith('--')).join(' ') === 'rebuild rankflow') return undefined;
     if (tool === 'pnpm' && args.join(' ') === 'approve-builds') return undefined;
     if (tool === 'npx' && args[0] === 'cmake-js') return `cmake-js ${args.slice(1).join(' ')}`.startsWith(scripts.install!) ? undefined : `not the install script's build: ${line}`;
     return `a command the docs test does not know: ${line}`;

@@ -32,7 +32,8 @@ export function tensor<D extends DType>(dtype: D, shape: number[], data?: Tensor
   const n = numel(shape);
   if (data !== undefined) {
     if (!(data instanceof (ARRAY_OF[dtype] as unknown as typeof Uint8Array))) throw invalid('data', `must be a ${NAME_OF[dtype]} for dtype ${dtype} (got ${describe(data)})`);
-    if (data.length !== n) throw invalid('data', `has ${data.length} elements; shape [${shape.join(', ')}] needs ${n}`);
+    if (data.length !== n)
+      throw invalid('data', `has ${data.length} elements; shape [${shape.join(', ')}] needs ${n}${isDetached(data.buffer) ? ' (its memory is detached: a transferred buffer, or a view of a closed AGRS session)' : ''}`);
     return { dtype, shape: [...shape], data };
   }
   let d: Tensor<D>['data'];
