@@ -108,6 +108,8 @@ const quantile = (xs: number[], q: number): number => [...xs].sort((a, b) => a -
 async function child(spec: { W: number; url: string; faults: Fault[]; trials: number; seed: number }): Promise<void> {
   seed = spec.seed;
   const g = await createGroup(options(spec.W, { size: spec.W, rankOffset: spec.W / 2, rendezvous: spec.url }));
+  // kill: this process is the one killed, in the middle of the first process's barrier
+  if (spec.faults.length === 0) await new Promise(() => setInterval(() => g.snapshot(), 1 << 30));
   for (const fault of spec.faults) for (let t = 0; t < spec.trials; t++) await trial(g, fault, t).catch(() => undefined);
   await g.destroy();
 }
@@ -126,24 +128,26 @@ async function measure(W: number, fault: Fault, trials: number): Promise<Trial[]
     await g.destroy();
     return out;
   }
-  // Two processes: both draw the same faults (the same seed); kill SIGKILLs the second one.
-  const url = `tcp://127.0.0.1:${20000 + rand(20000)}`;
-  const spec = { W, url, faults: fault === 'kill' ? [] : [fault], trials: fault === 'kill' ? 1 : trials, seed };
-  const second = fork(process.argv[1]!, ['--child', JSON.stringify(spec), '--backend', backend], { stdio: 'inherit' });
-  const exited = new Promise((r) => second.once('exit', r));
-  const g = await createGroup(options(W, { size: W, rankOffset: 0, rendezvous: url }));
-  if (fault === 'kill') {
-    await sleep(50);
-    const t0 = now();
-    const rejected = g.barrier().then(() => NaN, () => now());
-    second.kill('SIGKILL');
-    const at = await rejected;
-    out.push({ ms: at - t0, ok: Number.isFinite(at) });
-  } else {
-    for (let t = 0; t < trials; t++) out.push(await trial(g, fault, t).catch((e: Error) => ({ ms: NaN, ok: false, problem: `trial ${t}: ${e.message}` })));
+  // Two processes: both draw the same faults (the same seed); kill SIGKILLs the second one (a fresh pair each trial).
+  for (let t = 0; t < (fault === 'kill' ? trials : 1); t++) {
+    const url = `tcp://127.0.0.1:${20000 + rand(20000)}`;
+    const spec = { W, url, faults: fault === 'kill' ? [] : [fault], trials: fault === 'kill' ? 1 : trials, seed };
+    const second = fork(process.argv[1]!, ['--child', JSON.stringify(spec), '--backend', backend], { stdio: 'inherit' });
+    const exited = new Promise((r) => second.once('exit', r));
+    const g = await createGroup(options(W, { size: W, rankOffset: 0, rendezvous: url }));
+    if (fault === 'kill') {
+      await sleep(20 + rand(50));
+      const t0 = now();
+      const rejected = g.barrier().then(() => NaN, () => now());
+      second.kill('SIGKILL');
+      const at = await rejected;
+      out.push({ ms: at - t0, ok: Number.isFinite(at), ...(Number.isFinite(at) ? {} : { problem: `trial ${t}: the barrier resolved` }) });
+    } else {
+      for (let k = 0; k < trials; k++) out.push(await trial(g, fault, k).catch((e: Error) => ({ ms: NaN, ok: false, problem: `trial ${k}: ${e.message}` })));
+    }
+    await g.destroy();
+    await exited;
   }
-  await g.destroy();
-  await exited;
   return out;
 }
 

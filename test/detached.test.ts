@@ -29,7 +29,7 @@ test('driver mode: detached indices, rows and weights are EINVAL naming them', a
     }
 });
 
-test('rank programs: the same refusals, and offsetOf of a closed session\'s view is STATE', async () => {
+test("rank programs: the same refusals; a session tensor of dtype 'constructor' or '__proto__' is EINVAL; offsetOf of a closed session's view is STATE", async () => {
     const g = await createGroup({ backend: 'host', ranks: 2, buffer: { maxTokensPerRank: 4, hidden: 64, topk: 2, numExperts: 4, cpuBytes: 2 << 20 } });
     try {
         await g.engramWrite([tensor('fp32', [2, 8]), tensor('fp32', [2, 8])]);
@@ -37,6 +37,7 @@ test('rank programs: the same refusals, and offsetOf of a closed session\'s view
             for (const op of ['engramFetch', 'engramFetchAsync', 'allGather', 'dispatch', 'ppExchange', 'hostTensor'])
                 expect(a[op], op).toMatchObject({ name: 'RankflowError', code: 'EINVAL', message: expect.stringMatching(DETACHED) });
             expect(a.otherSessionView).toMatchObject({ code: 'STATE', message: expect.stringMatching(/another AGRS session's buffer/) });
+            expect(a.sessionDtype).toMatchObject({ code: 'EINVAL', message: 'dtype: refused' });
         }
         expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
     } finally {
