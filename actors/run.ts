@@ -120,7 +120,11 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
     };
     // In a world, every process's end counts: the same numbers and the same error everywhere.
     const end = rv ? await agree(rv, local, workers) : local;
-    if (!end.inStep) await recover(workers, end.seq, end.sessions);
+    // A rank that cannot be put back in step has failed; the program's error that began it is its cause.
+    if (!end.inStep)
+      await recover(workers, end.seq, end.sessions).catch((e: RankflowError) => {
+        throw end.threw ? new RankflowError(e.code, e.message, { rank: e.rank, cause: programError(end.threw.rank, end.threw.thrown) }) : e;
+      });
     const t = end.threw?.thrown;
     // A program that ended with the abort it was told of (rank.signal's reason, an AbortError of a
     // timer or fetch bound to it) ended as asked: the run is ABORTED.

@@ -246,3 +246,28 @@ describe('a rank program that throws or returns early in a world of 2 processes 
     expect(await Promise.all(procs.map((c) => c.exited))).toEqual([0, 0]);
   }, 120_000);
 });
+
+// Across nodes (processes with their own nodeId share no memory: the host backend's scale-out leg) a
+// released op may leave part of a frame in a scale-out connection, so the ranks cannot be put back
+// in step: every rank of the world fails with RANK_FAILED at once (no timeout, the same on both
+// nodes; in the thrower's process the program's error is the cause), and the group must be made again.
+describe('a rank program that throws in a world of 2 nodes x 2 ranks (scale-out)', () => {
+  it('fails every rank with RANK_FAILED within a second, on both nodes, the program\'s error the cause where it threw', async () => {
+    const url = `tcp://127.0.0.1:${await freePort()}`;
+    const faults = [{ who: 1, at: 3, how: 'throw' }];
+    const procs = [0, 2].map((rankOffset, i) => forkFixture('world-child', { url, worldSize: 4, rankOffset, ranks: 2, cpuSeconds: 600, nodeId: `node-${i}`, faults }));
+    children.push(...procs);
+    await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+    const seen = await Promise.all(procs.map((c) => c.next('fault', 30_000)));
+    for (const m of seen) {
+      const e = m.error as { code: string; message: string; cause: string | null; at: number };
+      expect(e).toMatchObject({ code: 'RANK_FAILED', message: expect.stringMatching(/cannot be put back in step|scale-out connections of rank \d are broken/) });
+      expect(m.states).toEqual(['failed', 'failed']);
+      expect(m.gathered).toMatchObject({ code: 'RANK_FAILED' });
+    }
+    const thrower = seen[0]!.error as { cause: string | null; at: number };
+    expect(thrower.cause).toMatch(/^rank 1's program threw: TypeError: boom at ([\d.]+)$/);
+    expect(thrower.at - Number(/boom at ([\d.]+)/.exec(thrower.cause!)![1])).toBeLessThan(1000);
+    expect(await Promise.all(procs.map((c) => c.exited))).toEqual([0, 0]);
+  }, 120_000);
+});

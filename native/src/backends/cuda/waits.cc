@@ -33,6 +33,16 @@ bool CudaBackend::abort_raised() const { return c_.abort.raised(); }
 // dispatch's scratch, the Control block's reports and the mirrored release.
 void CudaBackend::recover() {
   check_alive("recover");
+  // Across nodes the rail communicator's exchanges may have been cut halfway (or it was aborted):
+  // the rank cannot go on after a release, on every rank alike (as the host backend's rails).
+  if (two_level() && c_.abort.released_above() != 0) {
+    mark_dead("a released run in a world whose nodes share no memory");
+    abort_rails();
+    throw Error("RANK_FAILED",
+                "rank " + std::to_string(rank()) + " cannot be put back in step after a released run: its world's nodes share no "
+                "memory, and its rail communicator's exchanges may have been cut halfway; make the group again",
+                rank());
+  }
   try {
     wait_stream(WaitSite{kPhaseNone, -1, "stream"});
   } catch (const Error& e) {

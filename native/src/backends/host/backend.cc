@@ -28,6 +28,19 @@ void HostBackend::check_alive(const char* op) const {
   if (rails_) rails_->check_alive(op);
 }
 
+// Across nodes a released op may have left part of a frame in a scale-out connection (the next op
+// would read it as its own): after a release the rank cannot go on there, on every rank alike.
+void HostBackend::recover() {
+  check_alive("recover");
+  if (rails_ && c_.abort.released_above() != 0) {
+    rails_->close();
+    throw Error("RANK_FAILED",
+                "rank " + std::to_string(rank()) + " cannot be put back in step after a released run: its world's nodes share no "
+                "memory, and a released op may have left part of a frame in a scale-out connection; make the group again",
+                rank());
+  }
+}
+
 int HostBackend::scaleout_listen(const std::string& host) {
   RF_CHECK(rails_, "EINVAL", "scale-out: this rank's world has one node (no scale-out leg to open)");
   return rails_->listen(host);

@@ -75,6 +75,7 @@ class HostBackend final : public Backend {
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
   void check_alive(const char* op) const override;
+  void recover() override;
   int scaleout_listen(const std::string& host) override;
   void scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s) override;
 
