@@ -156,10 +156,10 @@ export class Ranks {
   private onTransition(t: TransitionEvent): void {
     const handle = this.handles[t.rank - this.rankOffset]!;
     if (handle.terminated) return;
-    // A released op (the run's release) leaves the rank alive: the group re-synchronises it after the run.
     handle.state = t.to;
     if (t.seq !== undefined) handle.seq = t.seq;
     this.events.emit('transition', t);
+    // Only a failure fails the rank: a release (to 'released') leaves it alive, and the run recovers it.
     if (t.to === 'failed' && t.error) {
       const error = new RankflowError(t.error.code as never, t.error.message, { rank: t.error.rank ?? t.rank, state: t.from, phase: t.error.phase });
       this.markFailed(t.rank - this.rankOffset, error, t.error.code !== 'RANK_FAILED');
