@@ -161,13 +161,13 @@ export class LeaderSession extends Session {
             if (problem) return ch.drop(`it announced an invalid failure: ${problem}`);
             const failure = toFailure(m.failure as Record<string, unknown>);
             // A star: the leader passes a follower's failure on to the other followers.
-            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'failed', from: index, failure });
+            this.relay(ch, { t: 'failed', from: index, failure });
             this.rankFailed(failure);
           } else if (m.t === 'released') {
             const problem = releaseProblem(m.release, peer);
             if (problem) return ch.drop(`it announced an invalid release: ${problem}`);
             const release = toRelease(m.release as Record<string, unknown>);
-            for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'released', from: index, release });
+            this.relay(ch, { t: 'released', from: index, release });
             this.released(release);
           } else if (m.t === 'bye') {
             this.goodbyes.add(index);
@@ -243,6 +243,11 @@ export class LeaderSession extends Session {
     clearTimeout(p.settle.timer);
     this.broadcast({ t: 'xall', seq, values: p.values });
     p.settle.resolve(p.values);
+  }
+
+  /** A follower's announcement, passed on to every other follower. */
+  private relay(from: Channel, m: Message): void {
+    for (const ch of this.channels) if (ch !== undefined && ch !== from) ch.send(m);
   }
 
   private broadcast(m: Message): void {
