@@ -38,7 +38,8 @@ test('a rank program that returns before a barrier its peer waits in: the peer i
     const e = await group.run(new URL('./fixtures/lonely-barrier.mjs', import.meta.url)).then(() => null, (err: unknown) => err);
     expect(performance.now() - t0).toBeLessThan(5000);  // not the 300 s of the default timeout
     expect(e).toMatchObject({ name: 'RankflowError', code: 'STATE', rank: 1, message: expect.stringMatching(/^group\.run: rank 1's program returned after collective #\d+ while its peers went on/) });
-    expect((e as Error).cause).toMatchObject({ code: 'ABORTED', rank: 1, message: expect.stringMatching(/\(rank 0 was released from barrier, collective #\d+\)$/) });
+    expect((e as Error).cause).toMatchObject({ code: 'ABORTED', rank: 1, message: expect.stringMatching(/\(rank 0 was released from (barrier|the start of its next op), collective #\d+\)$/) });
+    // (where rank 0 was when the release came is a race: already waiting in the barrier, or not yet in it)
     expect(group.snapshot().map((s) => s.state)).toEqual(['ready', 'ready']);
     await group.barrier();
   } finally {
