@@ -75,12 +75,30 @@ struct WorkspaceLayout {
   }
 };
 
-// Phases, as waits and failures name them.
+// Phases, as waits and failures name them: one list (enumerator, name) that the enum, phase_name()
+// (runtime/wait.cc) and the addon's `abi.phases` (binding/layout.cc; test/abi.test.ts) are made from.
+#define RF_PHASES(X)                                                   \
+  X(kPhaseNone, "none")                                                \
+  X(kPhaseBarrier, "barrier")                                          \
+  X(kPhaseCpuBarrier, "barrier (CPU sync)")                            \
+  X(kPhaseEnter, "enter")                                              \
+  X(kPhaseNotify, "dispatch notify")                                   \
+  X(kPhaseDispatchData, "dispatch data")                               \
+  X(kPhaseCombineData, "combine data")                                 \
+  X(kPhaseAllGather, "allGather")                                      \
+  X(kPhaseSessionOpen, "session open")                                 \
+  X(kPhaseSessionClose, "session close")                               \
+  X(kPhaseSessionGather, "session allGather")                          \
+  X(kPhaseSessionReduce, "session reduceScatter")                      \
+  X(kPhasePipeline, "pipeline send/recv")                              \
+  X(kPhaseEngram, "engram")                                            \
+  X(kPhaseScaleoutConnect, "scale-out connect") /* forming the scale-out connections (runtime/scaleout.hpp) */
+
 enum Phase : uint64_t {
-  kPhaseNone = 0, kPhaseBarrier, kPhaseCpuBarrier, kPhaseEnter, kPhaseNotify, kPhaseDispatchData,
-  kPhaseCombineData, kPhaseAllGather, kPhaseSessionOpen, kPhaseSessionClose, kPhaseSessionGather,
-  kPhaseSessionReduce, kPhasePipeline, kPhaseEngram,
-  kPhaseScaleoutConnect,  // forming the scale-out connections (runtime/scaleout.hpp)
+#define RF_PHASE_ENUM(id, name) id,
+  RF_PHASES(RF_PHASE_ENUM)
+#undef RF_PHASE_ENUM
+  kPhaseCount
 };
 
 // What a device wait that gave up leaves behind for the host.

@@ -165,8 +165,19 @@ export interface EpLayout {
 export interface Addon {
   Context: new (config: Record<string, unknown>, abortWords?: Int32Array) => NativeContext;
   layout(ep: { maxTokensPerRank: number; hidden: number; topk: number; numExperts: number; fp8Dispatch?: boolean }, worldSize: number): EpLayout;
-  /** kernels/protocol.hpp AbortWords, for test/abi.test.ts to compare with ABORT */
+  /** kernels/protocol.hpp AbortWords (also in abi) */
   abortWords: Record<keyof typeof ABORT, number>;
+  /** The native side's copy of every ABI number here (binding/context.hpp, kernels/protocol.hpp), and the
+   *  phase names by id (RF_PHASES): test/abi.test.ts compares them with SCRATCH, DISPATCH_ARG, COMBINE_ARG,
+   *  the DISPATCH_* modes and ABORT. */
+  abi: {
+    scratch: Record<keyof typeof SCRATCH, number>;
+    dispatchArg: Record<keyof typeof DISPATCH_ARG, number>;
+    combineArg: Record<keyof typeof COMBINE_ARG, number>;
+    dispatchModes: { host: number; deviceAlloc: number; inBuffer: number; pending: number };
+    phases: string[];
+    abortWords: Record<keyof typeof ABORT, number>;
+  };
   alignment: number;
   cudaProbe?: (options?: { ncclHome?: string; pythonPrefixes?: string[] }) => Record<string, unknown>;
   /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace); served once per pid in `clients`, to no one else. */

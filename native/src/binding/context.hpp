@@ -27,6 +27,17 @@ constexpr int kScratchAddresses = 8;    // u64 [8, 16): x, scales, topkIdx, topk
 // 0.24 us per call before, 0.11 now, on the development VM (bench/results/native-call-2026-12-01.md).
 constexpr int kScratchArgs = 16;
 constexpr int kScratchTokensPerExpert = 24;  // f64 [24, 24 + local experts): tokensPerExpert (aligned)
+// The args words of a dispatch call (DISPATCH_ARG) and of a combine call (COMBINE_ARG).
+namespace dispatch_arg {
+constexpr int kNumTokens = 0, kXElemBytes = 1, kExpertAlignment = 2, kHandle = 3, kNumSms = 4, kMode = 5;
+}
+namespace combine_arg {
+constexpr int kHandle = 0, kNumSms = 1, kXRows = 2;
+}
+// A dispatch's mode (DISPATCH_HOST, DISPATCH_DEVICE_ALLOC, DISPATCH_IN_BUFFER), and its answer when
+// the CPU-sync wait outlasted its spin (DISPATCH_PENDING: dispatchResume() next).
+constexpr int kDispatchHost = 0, kDispatchDeviceAlloc = 1, kDispatchInBuffer = 2;
+constexpr int kDispatchPending = 1;
 
 class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
  public:

@@ -26,15 +26,15 @@ Napi::Value ContextWrap::Dispatch(const Napi::CallbackInfo& info) {
   PendingDispatch p;
   DispatchInput& in = p.in;
   const double* args = scratch_f64_ + kScratchArgs;
-  in.num_tokens = int_of(env, args[0], "numTokens", 0, ep.max_tokens_per_rank);
-  in.x_elem_bytes = int_of(env, args[1], "xElemBytes", 1, 2);
-  in.expert_alignment = int_of(env, args[2], "expertAlignment", 1, 1 << 16);
-  in.handle = uint32_t(int_of(env, args[3], "handle", 0, UINT32_MAX));
-  in.num_sms = int(int_of(env, args[4], "numSms", 0, 1 << 16));
-  p.mode = int(int_of(env, args[5], "mode", 0, 2));
-  in.cpu_sync = p.mode != 2;
+  in.num_tokens = int_of(env, args[dispatch_arg::kNumTokens], "numTokens", 0, ep.max_tokens_per_rank);
+  in.x_elem_bytes = int_of(env, args[dispatch_arg::kXElemBytes], "xElemBytes", 1, 2);
+  in.expert_alignment = int_of(env, args[dispatch_arg::kExpertAlignment], "expertAlignment", 1, 1 << 16);
+  in.handle = uint32_t(int_of(env, args[dispatch_arg::kHandle], "handle", 0, UINT32_MAX));
+  in.num_sms = int(int_of(env, args[dispatch_arg::kNumSms], "numSms", 0, 1 << 16));
+  p.mode = int(int_of(env, args[dispatch_arg::kMode], "mode", kDispatchHost, kDispatchInBuffer));
+  in.cpu_sync = p.mode != kDispatchInBuffer;
   const int64_t T = in.num_tokens, K = ep.topk, H = ep.hidden;
-  const bool device = p.mode != 0;
+  const bool device = p.mode != kDispatchHost;
   auto tensor = [&](int i, const char* name, int64_t bytes) {
     const Mem r = ref_arg(info[i], name, device ? -1 : bytes);
     if (r && r.device != device)
@@ -49,9 +49,9 @@ Napi::Value ContextWrap::Dispatch(const Napi::CallbackInfo& info) {
   if (!in.x && T > 0) throw_einval(env, "x is required");
   return guarded(env, [&]() -> Napi::Value {
     p.layout = ops::dispatch_begin(c, in);
-    if (p.mode != 2 && !ops::dispatch_counts(c, *p.layout, /*block=*/false)) {
+    if (p.mode != kDispatchInBuffer && !ops::dispatch_counts(c, *p.layout, /*block=*/false)) {
       pending_ = std::make_unique<PendingDispatch>(std::move(p));
-      return Napi::Number::New(env, 1);
+      return Napi::Number::New(env, kDispatchPending);
     }
     return finish_dispatch(env, p);
   });
@@ -76,15 +76,15 @@ Napi::Value ContextWrap::finish_dispatch(Napi::Env env, PendingDispatch& p) {
   const bool fp8 = p.in.x_elem_bytes == 1;
   DispatchOutput out;
   scratch_f64_[kScratchLayoutId] = double(l.id);
-  if (p.mode == 2) {
+  if (p.mode == kDispatchInBuffer) {
     out.in_buffer = true;
     ops::dispatch_finish(c, l, p.in, out);
     write_counts(l);
     return env.Undefined();
   }
   const int64_t R = l.num_recv;
-  if (p.mode == 1) {
-    Backend& b = c.backend();
+  if (p.mode == kDispatchDeviceAlloc) {
+    DeviceOps& b = c.device("dispatch outputs");
     std::vector<uint64_t> owned;
     auto take = [&](int64_t bytes) {
       owned.push_back(b.device_alloc(bytes));
@@ -131,14 +131,14 @@ Napi::Value ContextWrap::Combine(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
   const double* args = scratch_f64_ + kScratchArgs;
-  const uint32_t handle = uint32_t(int_of(env, args[0], "handle", 0, UINT32_MAX));
-  const int num_sms = int(int_of(env, args[1], "numSms", 0, 1 << 16));
+  const uint32_t handle = uint32_t(int_of(env, args[combine_arg::kHandle], "handle", 0, UINT32_MAX));
+  const int num_sms = int(int_of(env, args[combine_arg::kNumSms], "numSms", 0, 1 << 16));
   const EpConfig& ep = c.cfg.ep;
   const int64_t K = ep.topk, H = ep.hidden;
   const bool device = info[0].IsBigInt();
   auto l = guarded(env, [&] { return ops::handle_layout(c, handle, "input.handle"); });
   const int64_t T = l->num_tokens;
-  const int64_t x_rows = device ? int_of(env, args[2], "x rows", 0, INT32_MAX) : -1;
+  const int64_t x_rows = device ? int_of(env, args[combine_arg::kXRows], "x rows", 0, INT32_MAX) : -1;
   if (device) {
     // Without a CPU sync the received count is unknown here: x must have room for every row that can come.
     const int64_t need = l->counts_known ? l->num_recv : int64_t(c.world()) * ep.max_tokens_per_rank;
@@ -168,14 +168,14 @@ Napi::Value ContextWrap::Combine(const Napi::CallbackInfo& info) {
     if (!out.x || !out.topk_weights) throw_einval(env, "combine needs out.x and out.topkWeights");
   }
   guarded(env, [&] {
-    Backend& b = c.backend();
     uint64_t ax = 0, aw = 0;
+    DeviceOps* b = alloc ? &c.device("combine outputs") : nullptr;
     if (alloc) {
-      ax = b.device_alloc(T * H * 2);
+      ax = b->device_alloc(T * H * 2);
       try {
-        aw = b.device_alloc(T * K * 4);
+        aw = b->device_alloc(T * K * 4);
       } catch (...) {
-        b.device_free(ax);
+        b->device_free(ax);
         throw;
       }
       out.x = Mem{reinterpret_cast<void*>(uintptr_t(ax)), true};
@@ -184,7 +184,7 @@ Napi::Value ContextWrap::Combine(const Napi::CallbackInfo& info) {
     try {
       ops::combine(c, handle, in, out);
     } catch (...) {
-      if (alloc) b.device_free(ax), b.device_free(aw);
+      if (alloc) b->device_free(ax), b->device_free(aw);
       throw;
     }
     scratch_u64_[kScratchAddresses + 6] = address_of(out.x.ptr);

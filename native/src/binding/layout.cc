@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include "context.hpp"
 #include "marshal.hpp"
 #include "protocol.hpp"
 
@@ -92,7 +93,46 @@ Napi::Object abort_words_object(Napi::Env env) {
   return o;
 }
 
+// The word indices and numbers JS shares with the binding and the kernels (actors/core/addon.ts keeps
+// its copies as literal types; test/abi.test.ts compares every one with these).
+static Napi::Object abi_object(Napi::Env env) {
+  Napi::Object scratch = Napi::Object::New(env);
+  scratch.Set("layoutId", kScratchLayoutId);
+  scratch.Set("numRecv", kScratchNumRecv);
+  scratch.Set("graphOps", kScratchGraphOps);
+  scratch.Set("addresses", kScratchAddresses);
+  scratch.Set("args", kScratchArgs);
+  scratch.Set("tokensPerExpert", kScratchTokensPerExpert);
+  Napi::Object d = Napi::Object::New(env);
+  d.Set("numTokens", dispatch_arg::kNumTokens);
+  d.Set("xElemBytes", dispatch_arg::kXElemBytes);
+  d.Set("expertAlignment", dispatch_arg::kExpertAlignment);
+  d.Set("handle", dispatch_arg::kHandle);
+  d.Set("numSms", dispatch_arg::kNumSms);
+  d.Set("mode", dispatch_arg::kMode);
+  Napi::Object cb = Napi::Object::New(env);
+  cb.Set("handle", combine_arg::kHandle);
+  cb.Set("numSms", combine_arg::kNumSms);
+  cb.Set("xRows", combine_arg::kXRows);
+  Napi::Object modes = Napi::Object::New(env);
+  modes.Set("host", kDispatchHost);
+  modes.Set("deviceAlloc", kDispatchDeviceAlloc);
+  modes.Set("inBuffer", kDispatchInBuffer);
+  modes.Set("pending", kDispatchPending);
+  Napi::Array phases = Napi::Array::New(env, size_t(kPhaseCount));
+  for (uint64_t p = 0; p < kPhaseCount; ++p) phases.Set(uint32_t(p), phase_name(p));
+  Napi::Object o = Napi::Object::New(env);
+  o.Set("scratch", scratch);
+  o.Set("dispatchArg", d);
+  o.Set("combineArg", cb);
+  o.Set("dispatchModes", modes);
+  o.Set("phases", phases);
+  o.Set("abortWords", abort_words_object(env));
+  return o;
+}
+
 void RegisterLayout(Napi::Env env, Napi::Object exports) {
+  exports.Set("abi", abi_object(env));
   exports.Set("layout", Napi::Function::New(env, Layout));
   exports.Set("abortWords", abort_words_object(env));
   exports.Set("closeFds", Napi::Function::New(env, CloseFds));

@@ -6,23 +6,12 @@
 namespace rankflow {
 
 const char* phase_name(uint64_t phase) {
-  switch (phase) {
-    case kPhaseBarrier: return "barrier";
-    case kPhaseCpuBarrier: return "barrier (CPU sync)";
-    case kPhaseEnter: return "enter";
-    case kPhaseNotify: return "dispatch notify";
-    case kPhaseDispatchData: return "dispatch data";
-    case kPhaseCombineData: return "combine data";
-    case kPhaseAllGather: return "allGather";
-    case kPhaseSessionOpen: return "session open";
-    case kPhaseSessionClose: return "session close";
-    case kPhaseSessionGather: return "session allGather";
-    case kPhaseSessionReduce: return "session reduceScatter";
-    case kPhasePipeline: return "pipeline send/recv";
-    case kPhaseEngram: return "engram";
-    case kPhaseScaleoutConnect: return "scale-out connect";
-    default: return "none";
-  }
+  static constexpr const char* kNames[] = {
+#define RF_PHASE_NAME(id, name) name,
+      RF_PHASES(RF_PHASE_NAME)
+#undef RF_PHASE_NAME
+  };
+  return phase < kPhaseCount ? kNames[phase] : "none";
 }
 
 namespace {
