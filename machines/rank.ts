@@ -23,6 +23,10 @@
 // except SESSION_OPEN and ENGRAM_WRITE (a session reuses the buffer, a write replaces the table).
 import { assign, setup } from 'xstate';
 
+import { OP_OF_EVENT, OP_TABLE, opsFrom, type OpDescriptor, type OpEventType, type OpName } from './ops.js';
+
+export type { OpName } from './ops.js';
+
 export interface FailureInfo {
   code: string;
   message: string;
@@ -37,10 +41,6 @@ export interface FailureInfo {
  * across nodes). Any other code from an op fails the rank.
  */
 export const isRefusal = (code: string): boolean => code === 'EINVAL' || code === 'BACKEND_UNAVAILABLE';
-
-export type OpName =
-  | 'register' | 'barrier' | 'allGather' | 'dispatch' | 'combine' | 'sessionOpen' | 'sessionAllGather'
-  | 'sessionReduceScatter' | 'sessionClose' | 'engramWrite' | 'engramFetch' | 'ppExchange' | 'replay' | 'recover' | 'destroy';
 
 /** What an asynchronous op in flight is: a session allGather or reduceScatter, or an engram fetch. */
 export type InFlightKind = 'gather' | 'reduce' | 'fetch';
@@ -67,19 +67,13 @@ export interface RankInput {
   firstSeq?: number;
 }
 
+/** The events of the collectives that carry nothing but their type (ops.ts OP_TABLE). */
+type PlainOpEvent = { [E in Exclude<OpEventType, 'BARRIER' | 'REPLAY'>]: { type: E } }[Exclude<OpEventType, 'BARRIER' | 'REPLAY'>];
+
 export type RankEvent =
   | { type: 'REGISTER' }
   | { type: 'BARRIER'; withCpuSync: boolean }
-  | { type: 'ALL_GATHER' }
-  | { type: 'DISPATCH' }
-  | { type: 'COMBINE' }
-  | { type: 'SESSION_OPEN' }
-  | { type: 'SESSION_ALL_GATHER' }
-  | { type: 'SESSION_REDUCE_SCATTER' }
-  | { type: 'SESSION_CLOSE' }
-  | { type: 'ENGRAM_WRITE' }
-  | { type: 'ENGRAM_FETCH' }
-  | { type: 'PP_EXCHANGE' }
+  | PlainOpEvent
   /** a captured graph replays: `ops` collectives at once */
   | { type: 'REPLAY'; ops: number }
   | { type: 'DESTROY' }
@@ -101,12 +95,6 @@ export type RankEvent =
   /** the run is over and was released: the rank is put back in step with the group (`seq`: the group's) */
   | { type: 'RECOVER'; seq: number };
 
-const OPS: Record<string, OpName> = {
-  BARRIER: 'barrier', ALL_GATHER: 'allGather', DISPATCH: 'dispatch', COMBINE: 'combine',
-  SESSION_OPEN: 'sessionOpen', SESSION_ALL_GATHER: 'sessionAllGather', SESSION_REDUCE_SCATTER: 'sessionReduceScatter',
-  SESSION_CLOSE: 'sessionClose', ENGRAM_WRITE: 'engramWrite', ENGRAM_FETCH: 'engramFetch', PP_EXCHANGE: 'ppExchange',
-  REPLAY: 'replay',
-};
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
 /** A run's release ended the op (FAILED with ABORTED): the rank waits in `released` for RECOVER. */
@@ -126,29 +114,33 @@ const settleReady = {
   ],
 } as const;
 
-/** The ops `ready` takes, each into its state. */
-const READY_OPS = {
-  BARRIER: { target: '#rank.barrier', actions: 'begin' },
-  ALL_GATHER: { target: '#rank.allGathering', actions: 'begin' },
-  DISPATCH: { target: '#rank.dispatching', actions: 'begin' },
-  COMBINE: { target: '#rank.combining', actions: 'begin' },
-  ENGRAM_FETCH: { target: '#rank.engram.fetching', actions: 'begin' },
-  PP_EXCHANGE: { target: '#rank.pipeline', actions: 'begin' },
-  REPLAY: { target: '#rank.replaying', actions: 'begin' },
-} as const;
+/** An op's event into its state (ops.ts), counted; `idle`: only while no op runs. */
+const begin = (d: OpDescriptor) => ({ target: `#rank.${d.state}`, actions: 'begin' as const });
+const beginIdle = (d: OpDescriptor) => ({ ...begin(d), guard: 'idle' as const });
+const transitions = <T>(ops: Array<[string, OpDescriptor]>, to: (d: OpDescriptor) => T): Record<string, T> =>
+  Object.fromEntries(ops.map(([, d]) => [d.event, to(d)]));
 
-/** The same, taken only while no op runs (in-flight fetches alone hold the rank in engram.fetching). */
+/** The ops `ready` takes, each into its state. */
+const READY_OPS = transitions(opsFrom('ready', 'readyAlone'), begin);
+
+/** The ops engram.fetching takes while no op runs (in-flight fetches alone hold the rank there). */
 const READY_OPS_WHEN_IDLE = {
-  BARRIER: { ...READY_OPS.BARRIER, guard: 'idle' },
-  ALL_GATHER: { ...READY_OPS.ALL_GATHER, guard: 'idle' },
-  DISPATCH: { ...READY_OPS.DISPATCH, guard: 'idle' },
-  COMBINE: { ...READY_OPS.COMBINE, guard: 'idle' },
-  ENGRAM_FETCH: { ...READY_OPS.ENGRAM_FETCH, guard: 'idle' },
-  PP_EXCHANGE: { ...READY_OPS.PP_EXCHANGE, guard: 'idle' },
-  REPLAY: { ...READY_OPS.REPLAY, guard: 'idle' },
+  ...transitions(opsFrom('ready'), beginIdle),
   DESTROY: { target: '#rank.destroying', guard: 'idle', actions: 'lifecycle' },
   RECOVER,
 } as const;
+
+/** The ops session.open takes, and the session collectives' states while no op runs. */
+const SESSION_OPS = transitions(opsFrom('session', 'sessionAlone'), begin);
+const SESSION_OPS_WHEN_IDLE = transitions(opsFrom('session'), beginIdle);
+
+/** The states of the ops that run and settle back to ready (not `custom` in ops.ts): one each, made from the table. */
+const PLAIN_OP_STATES = Object.fromEntries(
+  Object.values(OP_TABLE as Record<string, OpDescriptor>).filter((d) => !d.custom).map((d) => {
+    if (d.state.includes('.')) throw new Error(`machines/ops.ts: the state of a plain op must be top-level, not '${d.state}'`);
+    return [d.state, { on: settleReady }];
+  }),
+);
 
 /**
  * A session collective's state (`self`, serving `kind`; `there` serves `other`): DONE, a refusal and
@@ -177,8 +169,7 @@ const sessionOp = <S extends string, T extends string>(kind: 'gather' | 'reduce'
         { target: there, guard: { type: 'remainsAfter', params: { kind: other } }, actions: 'complete' },
         { target: '#rank.session.open', actions: 'complete' },
       ],
-      SESSION_ALL_GATHER: { target: '#rank.session.gathering', guard: 'idle', actions: 'begin' },
-      SESSION_REDUCE_SCATTER: { target: '#rank.session.reducing', guard: 'idle', actions: 'begin' },
+      ...SESSION_OPS_WHEN_IDLE,
       DESTROY: { target: '#rank.destroying', guard: 'idle', actions: 'lifecycle' },
       RECOVER,
     },
@@ -194,7 +185,7 @@ export const rankMachine = setup({
   actions: {
     /** A collective starts: name it, and count it (a replay counts its graph's ops). */
     begin: assign(({ context, event }) => ({
-      op: OPS[event.type] ?? null,
+      op: OP_OF_EVENT[event.type] ?? null,
       seqBefore: context.seq,
       seq: context.seq + (event.type === 'REPLAY' ? event.ops : 1),
     })),
@@ -278,14 +269,13 @@ export const rankMachine = setup({
     ready: {
       on: {
         ...READY_OPS,
-        SESSION_OPEN: { target: 'session', actions: 'begin' },
-        ENGRAM_WRITE: { target: 'engram.writing', actions: 'begin' },
         DESTROY: { target: 'destroying', actions: 'lifecycle' },
         RECOVER,
       },
     },
-    barrier: { on: settleReady },
-    allGathering: { on: settleReady },
+    // barrier, allGathering, combining, pipeline, replaying (a captured graph's ops, launched at once:
+    // one collective of `ops` sequence numbers), and every op added to ops.ts without a state of its own.
+    ...PLAIN_OP_STATES,
     dispatching: {
       initial: 'running',
       states: {
@@ -295,7 +285,6 @@ export const rankMachine = setup({
       },
       on: settleReady,
     },
-    combining: { on: settleReady },
     // An AGRS session (seed 9.4): the rank stays in it between collectives until it is closed.
     session: {
       initial: 'opening',
@@ -308,9 +297,7 @@ export const rankMachine = setup({
         },
         open: {
           on: {
-            SESSION_ALL_GATHER: { target: 'gathering', actions: 'begin' },
-            SESSION_REDUCE_SCATTER: { target: 'reducing', actions: 'begin' },
-            SESSION_CLOSE: { target: 'closing', actions: 'begin' },
+            ...SESSION_OPS,
             DESTROY: { target: '#rank.destroying', actions: 'lifecycle' },
             RECOVER,
           },
@@ -344,9 +331,6 @@ export const rankMachine = setup({
         },
       },
     },
-    pipeline: { on: settleReady },
-    // A captured graph's ops, launched at once: one collective of `ops` sequence numbers.
-    replaying: { on: settleReady },
     // A run's release ended an op here: ops are refused with it until the group's RECOVER.
     released: {
       on: {

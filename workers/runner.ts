@@ -5,7 +5,7 @@
 // (transition-log.ts), and posted in batches.
 import { createActor, type Actor, type InspectionEvent, type StateValue } from 'xstate';
 
-import { isRefusal, rankMachine, statePath, type FailureInfo, type OpName, type RankEvent } from '../machines/index.js';
+import { HOT_EVENTS, OP_TABLE, isRefusal, opOfState, rankMachine, statePath, type CollectiveName, type FailureInfo, type OpName, type RankEvent } from '../machines/index.js';
 import { RankflowError } from '../actors/core/errors.js';
 import { MAX_BATCH_RECORDS, REPORT_BATCH_MS, type WorkerMessage } from './protocol.js';
 import { TransitionLog } from './transition-log.js';
@@ -17,23 +17,16 @@ const now = (): number => origin + performance.now();
 
 type Post = (m: WorkerMessage) => void;
 
-/** The events ops send, made once (the hot path allocates none). */
-export const EVENTS = {
+type OpEvents = { [N in Exclude<CollectiveName, 'barrier' | 'replay'>]: { readonly type: (typeof OP_TABLE)[N]['event'] } };
+
+/** The events ops send, one per op of machines/ops.ts, made once (the hot path allocates none). */
+export const EVENTS = Object.freeze({
+  ...(Object.fromEntries(Object.entries(OP_TABLE).filter(([n]) => n !== 'barrier' && n !== 'replay').map(([n, d]) => [n, Object.freeze({ type: d.event })])) as OpEvents),
   register: { type: 'REGISTER' },
   barrier: { type: 'BARRIER', withCpuSync: false },
   barrierCpuSync: { type: 'BARRIER', withCpuSync: true },
-  allGather: { type: 'ALL_GATHER' },
-  dispatch: { type: 'DISPATCH' },
-  combine: { type: 'COMBINE' },
-  sessionOpen: { type: 'SESSION_OPEN' },
-  sessionAllGather: { type: 'SESSION_ALL_GATHER' },
-  sessionReduceScatter: { type: 'SESSION_REDUCE_SCATTER' },
-  sessionClose: { type: 'SESSION_CLOSE' },
-  engramWrite: { type: 'ENGRAM_WRITE' },
-  engramFetch: { type: 'ENGRAM_FETCH' },
-  ppExchange: { type: 'PP_EXCHANGE' },
   destroy: { type: 'DESTROY' },
-} as const satisfies Record<string, RankEvent>;
+} as const satisfies Record<string, RankEvent>);
 
 /** The phases an op went through, as DONE carries them into the transition record. */
 export const PHASES = {
@@ -91,12 +84,10 @@ const MAX_MEMO_IN_FLIGHT = 64;
 /**
  * Events whose step depends only on the state, on whether an op runs and on the counts of ops in
  * flight (the guards read nothing else; FAILED's read the error and always go to the actor): they may
- * take the memoised path, learnt per (counts, state, event; ISSUED / COMPLETED per kind).
+ * take the memoised path, learnt per (counts, state, event; ISSUED / COMPLETED per kind). The hot ops
+ * of machines/ops.ts, and the op-progress events.
  */
-const HOT = new Set<string>([
-  'BARRIER', 'ALL_GATHER', 'DISPATCH', 'COMBINE', 'WAITING', 'DONE', 'REPLAY', 'ENGRAM_WRITE', 'ENGRAM_FETCH',
-  'PP_EXCHANGE', 'SESSION_ALL_GATHER', 'SESSION_REDUCE_SCATTER', 'ISSUED', 'COMPLETED',
-]);
+const HOT = HOT_EVENTS;
 const eventKey = (e: RankEvent): string => (e.type === 'ISSUED' || e.type === 'COMPLETED' ? `${e.type}:${e.kind}` : e.type);
 const contextKey = (busy: boolean, i: InFlightCounts): string => `${busy ? 1 : 0}|${i.gather},${i.reduce},${i.fetch}`;
 
@@ -401,14 +392,5 @@ export class RankRunner {
   }
 }
 
-/** The op a state serves, for the record of the transition out of it. */
-function opOf(state: string): string | undefined {
-  const top = state.split('.')[0]!;
-  const map: Record<string, string> = {
-    barrier: 'barrier', allGathering: 'allGather', dispatching: 'dispatch', combining: 'combine', pipeline: 'ppExchange', replaying: 'replay',
-    registerWindow: 'register', destroying: 'destroy', recovering: 'recover',
-  };
-  if (top === 'session') return ({ opening: 'sessionOpen', gathering: 'sessionAllGather', reducing: 'sessionReduceScatter', closing: 'sessionClose' } as Record<string, string>)[state.split('.')[1] ?? ''];
-  if (top === 'engram') return state.endsWith('writing') ? 'engramWrite' : 'engramFetch';
-  return map[top];
-}
+/** The op a state serves, for the record of the transition out of it (machines/ops.ts). */
+const opOf = opOfState;
