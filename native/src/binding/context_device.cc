@@ -12,14 +12,14 @@ Napi::Value ContextWrap::DeviceAlloc(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
   const int64_t bytes = int_arg(info[0], "bytes", 0, int64_t(1) << 50);
-  return big(env, guarded(env, [&] { return c.backend().device_alloc(bytes); }));
+  return big(env, guarded(env, [&] { return c.device("a device tensor").device_alloc(bytes); }));
 }
 
 Napi::Value ContextWrap::DeviceFree(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (!ctx_ || !ctx_->alive()) return env.Undefined();  // destroyed: everything is freed already
   const uint64_t p = address_arg(info[0], "ptr");
-  guarded(env, [&] { ctx_->backend().device_free(p); });
+  guarded(env, [&] { ctx_->device("free").device_free(p); });
   return env.Undefined();
 }
 
@@ -29,7 +29,7 @@ Napi::Value ContextWrap::DeviceUpload(const Napi::CallbackInfo& info) {
   const uint64_t p = address_arg(info[0], "ptr");
   if (!info[1].IsTypedArray()) throw_einval(env, "data must be a typed array");
   const auto ta = info[1].As<Napi::TypedArray>();
-  guarded(env, [&] { c.backend().upload(p, bytes_of(ta), int64_t(ta.ByteLength())); });
+  guarded(env, [&] { c.device("upload").upload(p, bytes_of(ta), int64_t(ta.ByteLength())); });
   return env.Undefined();
 }
 
@@ -38,7 +38,7 @@ Napi::Value ContextWrap::DeviceZero(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   const uint64_t p = address_arg(info[0], "ptr");
   const int64_t n = int_arg(info[1], "bytes", 0, int64_t(1) << 40);
-  guarded(env, [&] { c.backend().zero(p, n); });
+  guarded(env, [&] { c.device("a device tensor").zero(p, n); });
   return env.Undefined();
 }
 
@@ -48,35 +48,35 @@ Napi::Value ContextWrap::DeviceDownload(const Napi::CallbackInfo& info) {
   const uint64_t p = address_arg(info[0], "ptr");
   const int64_t n = int_arg(info[1], "bytes", 0, int64_t(1) << 40);
   auto out = Napi::Uint8Array::New(env, size_t(n));
-  guarded(env, [&] { c.backend().download(out.Data(), p, n); });
+  guarded(env, [&] { c.device("toHost").download(out.Data(), p, n); });
   return out;
 }
 
 Napi::Value ContextWrap::DeviceSync(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  guarded(env, [&] { c.backend().sync(); });
+  guarded(env, [&] { c.device("sync").sync(); });
   return env.Undefined();
 }
 
 Napi::Value ContextWrap::EventRecord(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  return big(env, guarded(env, [&] { return c.backend().record_event(); }));
+  return big(env, guarded(env, [&] { return c.device("recordEvent").record_event(); }));
 }
 
 Napi::Value ContextWrap::EventElapsed(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
   const uint64_t a = address_arg(info[0], "start"), b = address_arg(info[1], "end");
-  return Napi::Number::New(env, guarded(env, [&] { return c.backend().elapsed_ms(a, b); }));
+  return Napi::Number::New(env, guarded(env, [&] { return c.device("elapsedMs").elapsed_ms(a, b); }));
 }
 
 Napi::Value ContextWrap::EventDestroy(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (!ctx_ || !ctx_->alive()) return env.Undefined();
   const uint64_t e = address_arg(info[0], "event");
-  guarded(env, [&] { ctx_->backend().destroy_event(e); });
+  guarded(env, [&] { ctx_->device("destroyEvent").destroy_event(e); });
   return env.Undefined();
 }
 
@@ -84,14 +84,14 @@ Napi::Value ContextWrap::SetOpTiming(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
   const bool on = info.Length() > 0 && info[0].ToBoolean().Value();
-  guarded(env, [&] { c.backend().set_op_timing(on); });
+  guarded(env, [&] { c.device("timeOps").set_op_timing(on); });
   return env.Undefined();
 }
 
 Napi::Value ContextWrap::LastOpMs(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  return Napi::Number::New(env, guarded(env, [&] { return c.backend().last_op_ms(); }));
+  return Napi::Number::New(env, guarded(env, [&] { return c.device("lastOpDeviceMs").last_op_ms(); }));
 }
 
 // (bytes per rank, iters, warmup) -> ms per ncclAlltoAll (every rank calls it together)
@@ -100,7 +100,7 @@ Napi::Value ContextWrap::BenchAlltoAll(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   const int64_t bytes = int_arg(info[0], "bytes", 1, int64_t(1) << 40);
   const int iters = int(int_arg(info[1], "iters", 1, 1 << 20)), warmup = int(int_arg(info[2], "warmup", 0, 1 << 20));
-  return Napi::Number::New(env, guarded(env, [&] { return c.backend().bench_all_to_all(bytes, iters, warmup); }));
+  return Napi::Number::New(env, guarded(env, [&] { return c.device("benchAlltoAll").bench_all_to_all(bytes, iters, warmup); }));
 }
 
 Napi::Value ContextWrap::BenchPeerCopy(const Napi::CallbackInfo& info) {
@@ -108,7 +108,7 @@ Napi::Value ContextWrap::BenchPeerCopy(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   const int64_t bytes = int_arg(info[0], "bytes", 1, int64_t(1) << 40);
   const int iters = int(int_arg(info[1], "iters", 1, 1 << 20)), warmup = int(int_arg(info[2], "warmup", 0, 1 << 20));
-  return Napi::Number::New(env, guarded(env, [&] { return c.backend().bench_peer_copy(bytes, iters, warmup); }));
+  return Napi::Number::New(env, guarded(env, [&] { return c.device("benchPeerCopy").bench_peer_copy(bytes, iters, warmup); }));
 }
 
 // (op, engine, bytes, iters) -> microseconds per call on device-resident data (bench/gpu-agrs)
@@ -120,7 +120,7 @@ Napi::Value ContextWrap::BenchAgrs(const Napi::CallbackInfo& info) {
   const std::string engine = info[1].As<Napi::String>().Utf8Value();
   const int64_t bytes = int_arg(info[2], "bytes", 0, int64_t(1) << 40);
   const int64_t iters = int_arg(info[3], "iters", 1, 1 << 20);
-  return Napi::Number::New(env, guarded(env, [&] { return c.backend().bench_agrs(op, engine, bytes, iters); }));
+  return Napi::Number::New(env, guarded(env, [&] { return c.device("benchAgrs").bench_agrs(op, engine, bytes, iters); }));
 }
 
 Napi::Value ContextWrap::CaptureBegin(const Napi::CallbackInfo& info) {
@@ -154,7 +154,7 @@ Napi::Value ContextWrap::GraphFree(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   if (!ctx_ || !ctx_->alive()) return env.Undefined();
   const uint64_t g = address_arg(info[0], "graph");
-  guarded(env, [&] { ctx_->backend().free_graph(g); });
+  guarded(env, [&] { ctx_->device("graph.free").free_graph(g); });
   return env.Undefined();
 }
 
@@ -188,7 +188,7 @@ Napi::Value ContextWrap::Occupy(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   const int sms = int(int_arg(info[0], "sms", 1, 1 << 16));
   const double ms = info[1].ToNumber().DoubleValue();
-  guarded(env, [&] { c.backend().occupy(sms, ms); });
+  guarded(env, [&] { c.device("occupy").occupy(sms, ms); });
   return env.Undefined();
 }
 

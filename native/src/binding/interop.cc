@@ -21,13 +21,13 @@ uint64_t handle_arg(const Napi::Value& v, const char* name) {
 Napi::Value ContextWrap::CudaStream(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  return Napi::BigInt::New(env, guarded(env, [&] { return c.backend().stream_handle(); }));
+  return Napi::BigInt::New(env, guarded(env, [&] { return c.device("cudaStream").stream_handle(); }));
 }
 
 Napi::Value ContextWrap::CudaContext(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  return Napi::BigInt::New(env, guarded(env, [&] { return c.backend().context_handle(); }));
+  return Napi::BigInt::New(env, guarded(env, [&] { return c.device("cudaContext").context_handle(); }));
 }
 
 // (event: bigint)
@@ -35,7 +35,7 @@ Napi::Value ContextWrap::EventWait(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
   const uint64_t e = handle_arg(info[0], "event");
-  guarded(env, [&] { c.backend().wait_event(e); });
+  guarded(env, [&] { c.device("waitEvent").wait_event(e); });
   return env.Undefined();
 }
 
@@ -45,7 +45,7 @@ Napi::Value ContextWrap::DeviceCheck(const Napi::CallbackInfo& info) {
   Context& c = ctx(env);
   const uint64_t p = handle_arg(info[0], "ptr");
   const int64_t bytes = int_arg(info[1], "bytes", 0, int64_t(1) << 50);
-  guarded(env, [&] { c.backend().check_device_memory(p, bytes); });
+  guarded(env, [&] { c.device("wrapDevice").check_device_memory(p, bytes); });
   return env.Undefined();
 }
 

@@ -116,6 +116,48 @@ struct BackendInfo {
   uint64_t fused_dispatches = 0;  // cuda: dispatches without a CPU sync that ran as one kernel (rf_dispatch_fused)
 };
 
+// The capability of a backend with devices (cuda; Backend::device()): device memory, streams,
+// events, graphs, baselines and interop. A backend without devices has none, instead of 23 methods
+// that throw: the runtime asks for it where a call needs it (Context::device).
+class DeviceOps {
+ public:
+  virtual ~DeviceOps() = default;
+  virtual uint64_t device_alloc(int64_t bytes) = 0;
+  virtual void device_free(uint64_t ptr) = 0;
+  virtual void upload(uint64_t dst, const void* src, int64_t bytes) = 0;
+  virtual void zero(uint64_t dst, int64_t bytes) = 0;  // in stream order (a graph node while capturing)
+  virtual void download(void* dst, uint64_t src, int64_t bytes) = 0;
+  virtual void sync() = 0;
+  virtual uint64_t record_event() = 0;
+  virtual double elapsed_ms(uint64_t start, uint64_t end) = 0;
+  virtual void destroy_event(uint64_t event) = 0;
+  virtual double last_op_ms() = 0;
+  // Events around each later dispatch and combine, for last_op_ms (off: two event records cost the CPU
+  // ~2 µs each per op).
+  virtual void set_op_timing(bool on) = 0;
+  virtual double bench_all_to_all(int64_t bytes, int iters, int warmup) = 0;
+  virtual double bench_peer_copy(int64_t bytes, int iters, int warmup) = 0;
+  virtual double bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters) = 0;
+  // CUDA graphs: ops between begin and end are captured (no CPU waits allowed), with sequence
+  // numbers relative to a device epoch; replay() launches the graph once.
+  virtual void capture_begin(uint64_t seq) = 0;
+  virtual uint64_t capture_end(uint64_t ops) = 0;
+  virtual void replay(uint64_t graph, uint64_t seq) = 0;
+  virtual void free_graph(uint64_t graph) = 0;
+  virtual bool capturing() const = 0;
+  // Tests: occupy `sms` SMs of the rank's GPU for `ms` milliseconds on a stream of its own.
+  virtual void occupy(int sms, double ms) = 0;
+
+  // ---- interop with the application's own GPU work ----
+  // The rank's CUstream and CUcontext (its GPU's primary context), as addresses.
+  virtual uint64_t stream_handle() = 0;
+  virtual uint64_t context_handle() = 0;
+  // The rank's stream waits for `event`, a CUevent recorded on any stream (not while capturing).
+  virtual void wait_event(uint64_t event) = 0;
+  // EINVAL unless [ptr, ptr + bytes) is device memory of the rank's GPU (wrapping external memory).
+  virtual void check_device_memory(uint64_t ptr, int64_t bytes) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -185,41 +227,10 @@ class Backend {
   virtual int scaleout_listen(const std::string& host);
   virtual void scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s);
 
-  // ---- device memory, streams, events, graphs, baselines (cuda; host refuses with EINVAL) ----
-  virtual uint64_t device_alloc(int64_t bytes);
-  virtual void device_free(uint64_t ptr);
-  virtual void upload(uint64_t dst, const void* src, int64_t bytes);
-  virtual void zero(uint64_t dst, int64_t bytes);  // in stream order (a graph node while capturing)
-  virtual void download(void* dst, uint64_t src, int64_t bytes);
-  virtual void sync();
-  virtual uint64_t record_event();
-  virtual double elapsed_ms(uint64_t start, uint64_t end);
-  virtual void destroy_event(uint64_t event);
-  virtual double last_op_ms();
-  // Events around each later dispatch and combine, for last_op_ms (off: two event records cost the CPU
-  // ~2 µs each per op).
-  virtual void set_op_timing(bool on);
-  virtual double bench_all_to_all(int64_t bytes, int iters, int warmup);
-  virtual double bench_peer_copy(int64_t bytes, int iters, int warmup);
-  virtual double bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters);
-  // CUDA graphs: ops between begin and end are captured (no CPU waits allowed), with sequence
-  // numbers relative to a device epoch; replay() launches the graph once.
-  virtual void capture_begin(uint64_t seq);
-  virtual uint64_t capture_end(uint64_t ops);
-  virtual void replay(uint64_t graph, uint64_t seq);
-  virtual void free_graph(uint64_t graph);
-  virtual bool capturing() const { return false; }
-  // Tests: occupy `sms` SMs of the rank's GPU for `ms` milliseconds on a stream of its own.
-  virtual void occupy(int sms, double ms);
-
-  // ---- interop with the application's own GPU work (cuda; host refuses with EINVAL) ----
-  // The rank's CUstream and CUcontext (its GPU's primary context), as addresses.
-  virtual uint64_t stream_handle();
-  virtual uint64_t context_handle();
-  // The rank's stream waits for `event`, a CUevent recorded on any stream (not while capturing).
-  virtual void wait_event(uint64_t event);
-  // EINVAL unless [ptr, ptr + bytes) is device memory of the rank's GPU (wrapping external memory).
-  virtual void check_device_memory(uint64_t ptr, int64_t bytes);
+  // ---- what only a backend with devices has (cuda): device memory, streams, events, graphs,
+  // baselines, interop. Null where the backend has none (host): Context::device() refuses then, with
+  // EINVAL naming the call, in one place. ----
+  virtual DeviceOps* device() { return nullptr; }
 };
 
 std::unique_ptr<Backend> make_host_backend(Context& c);

@@ -111,11 +111,10 @@ std::shared_ptr<DispatchLayout> Context::add_layout() {
 }
 
 // ---- what a backend without devices answers ----
-namespace {
-[[noreturn]] void needs_cuda(const char* what) {
+DeviceOps& Context::device(const char* what) const {
+  if (DeviceOps* d = backend().device()) return *d;
   throw Error("EINVAL", std::string(what) + " needs backend 'cuda' (device tensors, streams and CUDA events)");
 }
-}  // namespace
 
 int Backend::scaleout_listen(const std::string&) {
   throw Error("BACKEND_UNAVAILABLE", "this rank's backend has no scale-out leg: its world cannot span nodes");
@@ -126,28 +125,5 @@ void Backend::scaleout_connect(const std::vector<ScaleoutEndpoint>&, const RailK
 void Backend::nccl_init(const std::vector<uint8_t>&) {
   throw Error("EINVAL", "ncclInit: this rank's backend makes no NCCL communicator");
 }
-uint64_t Backend::device_alloc(int64_t) { needs_cuda("a device tensor"); }
-void Backend::device_free(uint64_t) { needs_cuda("free"); }
-void Backend::upload(uint64_t, const void*, int64_t) { needs_cuda("upload"); }
-void Backend::zero(uint64_t, int64_t) { needs_cuda("a device tensor"); }
-void Backend::download(void*, uint64_t, int64_t) { needs_cuda("toHost"); }
-void Backend::sync() { needs_cuda("sync"); }
-uint64_t Backend::record_event() { needs_cuda("recordEvent"); }
-double Backend::elapsed_ms(uint64_t, uint64_t) { needs_cuda("elapsedMs"); }
-void Backend::destroy_event(uint64_t) { needs_cuda("destroyEvent"); }
-double Backend::last_op_ms() { needs_cuda("lastOpDeviceMs"); }
-void Backend::set_op_timing(bool) { needs_cuda("timeOps"); }
-double Backend::bench_all_to_all(int64_t, int, int) { needs_cuda("benchAlltoAll"); }
-double Backend::bench_peer_copy(int64_t, int, int) { needs_cuda("benchPeerCopy"); }
-double Backend::bench_agrs(const std::string&, const std::string&, int64_t, int64_t) { needs_cuda("benchAgrs"); }
-void Backend::capture_begin(uint64_t) { needs_cuda("capture"); }
-uint64_t Backend::capture_end(uint64_t) { needs_cuda("capture"); }
-void Backend::replay(uint64_t, uint64_t) { needs_cuda("replay"); }
-void Backend::free_graph(uint64_t) { needs_cuda("graph.free"); }
-void Backend::occupy(int, double) { needs_cuda("occupy"); }
-uint64_t Backend::stream_handle() { needs_cuda("cudaStream"); }
-uint64_t Backend::context_handle() { needs_cuda("cudaContext"); }
-void Backend::wait_event(uint64_t) { needs_cuda("waitEvent"); }
-void Backend::check_device_memory(uint64_t, int64_t) { needs_cuda("wrapDevice"); }
 
 }  // namespace rankflow

@@ -97,6 +97,13 @@ class Context {
     RF_CHECK(backend_ != nullptr, "STATE", "the rank's context is destroyed");
     return *backend_;
   }
+  // The backend's devices (Backend::device()), or EINVAL: `what` needs backend 'cuda'.
+  DeviceOps& device(const char* what) const;
+  // A CUDA graph is being captured on this rank (never on a backend without devices).
+  bool capturing() const {
+    DeviceOps* d = backend().device();
+    return d != nullptr && d->capturing();
+  }
   bool alive() const { return backend_ != nullptr; }
   int rank() const { return cfg.rank; }
   int world() const { return cfg.world_size; }

@@ -74,7 +74,7 @@ struct CudaLayout final : LayoutState {
   std::vector<std::shared_ptr<DeviceBlock>> keep;
 };
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, public DeviceOps {
  public:
   explicit CudaBackend(Context& c);
   ~CudaBackend() override { destroy(); }
@@ -114,6 +114,9 @@ class CudaBackend final : public Backend {
   bool dispatch_counts(DispatchLayout& l, bool block) override;
   void dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) override;
   void combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) override;
+
+  // The capability of a backend with devices (runtime/backend.hpp DeviceOps): this backend itself.
+  DeviceOps* device() override { return this; }
 
   // device memory, events (backend.cc)
   uint64_t device_alloc(int64_t bytes) override;

@@ -15,9 +15,9 @@ void barrier(Context& c, bool cpu_sync) {
   Backend& b = c.backend();
   b.check_alive(cpu_sync ? "barrier (CPU sync)" : "barrier");
   b.check_runs(cpu_sync ? "barrier (CPU sync)" : "barrier");
-  RF_CHECK(!(cpu_sync && b.capturing()), "EINVAL",
+  RF_CHECK(!(cpu_sync && c.capturing()), "EINVAL",
            "barrier({ withCpuSync: true }) cannot be captured in a graph: the CPU would have to wait");
-  b.barrier(c.next_seq(), cpu_sync, !b.capturing());
+  b.barrier(c.next_seq(), cpu_sync, !c.capturing());
 }
 
 }  // namespace rankflow::ops

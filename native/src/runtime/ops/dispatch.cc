@@ -51,7 +51,7 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
                  "topkIdx[" + std::to_string(i) + "]: " + std::to_string(idx[i]) + " is outside [0, " +
                      std::to_string(ep.num_experts) + ") and not -1");
     }
-    RF_CHECK(!b.capturing(), "EINVAL",
+    RF_CHECK(!c.capturing(), "EINVAL",
              "a dispatch without a handle cannot be captured in a graph (its counts need a CPU sync or a notify)");
   }
   auto l = c.add_layout();
@@ -82,7 +82,7 @@ void dispatch_finish(Context& c, DispatchLayout& l, const DispatchInput& in, Dis
   RF_CHECK(out.in_buffer || l.counts_known, "EINVAL",
            "dispatch: outputs of numRecv rows need the counts (a CPU sync) first");
   RF_CHECK(!out.in_buffer || in.x.device, "EINVAL", "outputsInBuffer takes device tensors (backend 'cuda')");
-  RF_CHECK(!(b.capturing() && !out.in_buffer), "EINVAL", "a captured dispatch must leave its outputs in the buffer");
+  RF_CHECK(!(c.capturing() && !out.in_buffer), "EINVAL", "a captured dispatch must leave its outputs in the buffer");
   b.dispatch_data(l.seq, l, in, out);
   l.complete = true;
 }

@@ -9,18 +9,19 @@ void capture_begin(Context& c) {
   Backend& b = c.backend();
   b.check_alive("capture");
   b.check_runs("capture");
-  RF_CHECK(!b.capturing(), "STATE", "capture: a capture is already in progress on this rank");
-  b.capture_begin(c.seq);
+  DeviceOps& d = c.device("capture");
+  RF_CHECK(!d.capturing(), "STATE", "capture: a capture is already in progress on this rank");
+  d.capture_begin(c.seq);
   c.capture_start = c.seq;
 }
 
 uint64_t capture_end(Context& c, int64_t* ops) {
-  Backend& b = c.backend();
-  RF_CHECK(b.capturing(), "STATE", "capture: no capture is in progress on this rank");
+  DeviceOps& d = c.device("capture");
+  RF_CHECK(d.capturing(), "STATE", "capture: no capture is in progress on this rank");
   const uint64_t start = c.capture_start;
   const int64_t n = int64_t(c.seq - start);
   c.seq = start;  // nothing ran: the replays will take these sequence numbers
-  const uint64_t graph = b.capture_end(uint64_t(n));
+  const uint64_t graph = d.capture_end(uint64_t(n));
   *ops = n;
   return graph;
 }
@@ -28,7 +29,7 @@ uint64_t capture_end(Context& c, int64_t* ops) {
 void replay(Context& c, uint64_t graph, int64_t ops) {
   c.backend().check_alive("replay");
   c.backend().check_runs("replay");
-  c.backend().replay(graph, c.seq);
+  c.device("replay").replay(graph, c.seq);
   c.seq += uint64_t(ops);
 }
 

@@ -127,7 +127,7 @@ uint64_t engram_fetch_issue(Context& c, const int32_t* ids, int64_t n, uint64_t*
   const int64_t bytes = n * f.row_bytes;
   uint64_t dev = 0;
   if (device_memory(c)) {
-    dev = c.backend().device_alloc(std::max<int64_t>(bytes, 1));
+    dev = c.device("a device tensor").device_alloc(std::max<int64_t>(bytes, 1));
     f.out = Mem{reinterpret_cast<void*>(uintptr_t(dev)), true};
   } else {
     o->host_out.reset(static_cast<uint8_t*>(std::malloc(size_t(std::max<int64_t>(bytes, 16)))));
@@ -139,7 +139,7 @@ uint64_t engram_fetch_issue(Context& c, const int32_t* ids, int64_t n, uint64_t*
   try {
     c.backend().engram_fetch_issue(f);
   } catch (...) {
-    if (dev != 0) c.backend().device_free(dev);
+    if (dev != 0) c.device("free").device_free(dev);
     throw;
   }
   if (device_out != nullptr) *device_out = dev;

@@ -23,9 +23,9 @@ void recover(Context& c, uint64_t seq, uint32_t session_index) {
       if (e.code != "ABORTED") throw;  // a failure, not the release: the rank is dead
     }
   }
-  if (b.capturing()) {
+  if (c.capturing()) {
     int64_t ops = 0;
-    b.free_graph(capture_end(c, &ops));
+    c.device("recover").free_graph(capture_end(c, &ops));
   }
   b.recover();
   c.session.open = false;
