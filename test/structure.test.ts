@@ -67,6 +67,24 @@ describe('the source tree', () => {
     ]);
   });
 
+  it('imports go one way: machines/ <- actors/core/ <- workers/ <- the rest of actors/ (no back-arrow)', () => {
+    // The layer of a TypeScript source: machines, core (actors/core/, what both threads share), workers, or api (the rest of actors/).
+    const layerOf = (f: string): string | undefined =>
+      f.startsWith('machines/') ? 'machines' : f.startsWith('actors/core/') ? 'core' : f.startsWith('workers/') ? 'workers' : f.startsWith('actors/') ? 'api' : undefined;
+    const rank: Record<string, number> = { machines: 0, core: 1, workers: 2, api: 3 };
+    const ts = layers.filter((f) => f.endsWith('.ts') && layerOf(f) !== undefined);
+    const back: string[] = [];
+    for (const f of ts) {
+      for (const m of read(f).matchAll(/^(?:import|export)[^'"]*?from\s+'(\.[^']+)'/gm)) {
+        const target = path.normalize(path.join(path.dirname(f), m[1]!)).split(path.sep).join('/');
+        const to = layerOf(target);
+        if (to !== undefined && rank[to]! > rank[layerOf(f)!]!) back.push(`${f} -> ${target}`);
+      }
+    }
+    expect(ts.length).toBeGreaterThan(50);
+    expect(back).toEqual([]);
+  });
+
   it('README\'s table of run-time variables is what actors/core/config.ts reads', () => {
     const inConfig = [...new Set([...read('actors/core/config.ts').matchAll(/\benv\.([A-Z][A-Z0-9_]*)/g)].map((m) => m[1]!))].sort();
     const readme = read('README.md');
