@@ -95,7 +95,6 @@ export type RankEvent =
   /** the run is over and was released: the rank is put back in step with the group (`seq`: the group's) */
   | { type: 'RECOVER'; seq: number };
 
-
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
 /** A run's release ended the op (FAILED with ABORTED): the rank waits in `released` for RECOVER. */
 const RELEASED = { target: '#rank.released', guard: 'released', actions: 'fail' } as const;
