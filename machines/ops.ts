@@ -56,7 +56,11 @@ export const opsFrom = (...from: OpFrom[]): Array<[CollectiveName, OpDescriptor]
 /** The collective an event starts (undefined for any other event). */
 export const OP_OF_EVENT: Readonly<Record<string, CollectiveName>> = Object.freeze(Object.fromEntries(entries.map(([n, d]) => [d.event, n])));
 
-/** The events whose steps the runner memoises: the hot ops' and the op-progress events. */
+/**
+ * The events whose steps the runner memoises (workers/runner.ts): the hot ops' and the op-progress
+ * events. Their step depends only on the state, on whether an op runs and on the counts of ops in
+ * flight (the guards read nothing else; FAILED's read the error and always go to the actor).
+ */
 export const HOT_EVENTS: ReadonlySet<string> = new Set([
   ...entries.filter(([, d]) => d.hot).map(([, d]) => d.event),
   'WAITING', 'DONE', 'ISSUED', 'COMPLETED',

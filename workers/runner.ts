@@ -81,13 +81,6 @@ const NONE_IN_FLIGHT: InFlightCounts = Object.freeze({ gather: 0, reduce: 0, fet
 /** Steps are learnt with up to this many ops of a kind in flight (the guards read the counts). */
 const MAX_MEMO_IN_FLIGHT = 64;
 
-/**
- * Events whose step depends only on the state, on whether an op runs and on the counts of ops in
- * flight (the guards read nothing else; FAILED's read the error and always go to the actor): they may
- * take the memoised path, learnt per (counts, state, event; ISSUED / COMPLETED per kind). The hot ops
- * of machines/ops.ts, and the op-progress events.
- */
-const HOT = HOT_EVENTS;
 const eventKey = (e: RankEvent): string => (e.type === 'ISSUED' || e.type === 'COMPLETED' ? `${e.type}:${e.kind}` : e.type);
 const contextKey = (busy: boolean, i: InFlightCounts): string => `${busy ? 1 : 0}|${i.gather},${i.reduce},${i.fetch}`;
 
@@ -290,7 +283,7 @@ export class RankRunner {
     if (snap === before) return false;
     const to = statePath(snap.value);
     const c = snap.context;
-    if (!this.inspect && HOT.has(event.type) && c.error === before.context.error) this.learn(event, before.context, snap, to);
+    if (!this.inspect && HOT_EVENTS.has(event.type) && c.error === before.context.error) this.learn(event, before.context, snap, to);
     if (c.inflight !== this.inFlight) this.setInFlight(c.inflight);
     const from = this.path;
     const fromId = this.pathId;
@@ -308,13 +301,13 @@ export class RankRunner {
         kind: 'transition',
         transition: {
           rank: this.rank, from, to, event: event.type, at: now(), seq: c.seq,
-          ...(c.op ? { op: c.op } : event.type === 'FAILED' ? { op: opOf(from) } : {}),
+          ...(c.op ? { op: c.op } : event.type === 'FAILED' ? { op: opOfState(from) } : {}),
           phase: c.error.phase ?? c.error.state, error: c.error,
         },
       });
       return true;
     }
-    const op = c.op ?? (event.type === 'DONE' || event.type === 'FAILED' || event.type === 'COMPLETED' ? opOf(from) : undefined);
+    const op = c.op ?? (event.type === 'DONE' || event.type === 'FAILED' || event.type === 'COMPLETED' ? opOfState(from) : undefined);
     this.record(fromId, this.pathId, this.log.id(event.type), op ? this.log.id(op) : -1, phases ? this.log.phases(phases) : -1);
     return true;
   }
@@ -348,7 +341,7 @@ export class RankRunner {
     if (marksBefore && snap.context.seqBefore !== before.seq) return;  // anything else: not memoised
     const seq = event.type === 'REPLAY' ? (delta === (event as { ops: number }).ops ? 'ops' : null) : delta;
     if (seq === null) return;
-    const op = snap.context.op ?? (event.type === 'DONE' || event.type === 'COMPLETED' ? opOf(this.path) ?? null : null);
+    const op = snap.context.op ?? (event.type === 'DONE' || event.type === 'COMPLETED' ? opOfState(this.path) ?? null : null);
     const ck = contextKey(before.op !== null, bi);
     let states = this.steps.get(ck);
     if (!states) this.steps.set(ck, (states = new Map()));
@@ -392,5 +385,3 @@ export class RankRunner {
   }
 }
 
-/** The op a state serves, for the record of the transition out of it (machines/ops.ts). */
-const opOf = opOfState;

@@ -165,8 +165,6 @@ export interface EpLayout {
 export interface Addon {
   Context: new (config: Record<string, unknown>, abortWords?: Int32Array) => NativeContext;
   layout(ep: { maxTokensPerRank: number; hidden: number; topk: number; numExperts: number; fp8Dispatch?: boolean }, worldSize: number): EpLayout;
-  /** kernels/protocol.hpp AbortWords (also in abi) */
-  abortWords: Record<keyof typeof ABORT, number>;
   /** The native side's copy of every ABI number here (binding/context.hpp, kernels/protocol.hpp), and the
    *  phase names by id (RF_PHASES): test/abi.test.ts compares them with SCRATCH, DISPATCH_ARG, COMBINE_ARG,
    *  the DISPATCH_* modes and ABORT. */

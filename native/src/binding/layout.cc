@@ -3,6 +3,9 @@
 
 #include <unistd.h>
 
+#include <initializer_list>
+#include <utility>
+
 #include "context.hpp"
 #include "marshal.hpp"
 #include "protocol.hpp"
@@ -73,68 +76,42 @@ Napi::Value CloseFds(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-}  // namespace
-
-// The abort words' layout (protocol.hpp AbortWords), for the one copy in TypeScript to be checked against.
-Napi::Object abort_words_object(Napi::Env env) {
-  using W = AbortWords;
+// A plain object of named numbers (the ABI's word indices and constants).
+Napi::Object numbers_object(Napi::Env env, std::initializer_list<std::pair<const char*, double>> entries) {
   Napi::Object o = Napi::Object::New(env);
-  o.Set("failedRank", W::kFailedRank);
-  o.Set("stopping", W::kStopping);
-  o.Set("failureReasonBytes", W::kFailureReasonBytes);
-  o.Set("releaseOrigin", W::kReleaseOrigin);
-  o.Set("releasedAbove", W::kReleasedAbove);
-  o.Set("releaseReasonBytes", W::kReleaseReasonBytes);
-  o.Set("words", W::kWords);
-  o.Set("maxReason", W::kMaxReason);
-  o.Set("failureReasonAt", W::kFailureReasonAt);
-  o.Set("releaseReasonAt", W::kReleaseReasonAt);
-  o.Set("bytes", W::kBytes);
+  for (const auto& [name, value] : entries) o.Set(name, value);
   return o;
 }
 
 // The word indices and numbers JS shares with the binding and the kernels (actors/core/addon.ts keeps
 // its copies as literal types; test/abi.test.ts compares every one with these).
-static Napi::Object abi_object(Napi::Env env) {
-  Napi::Object scratch = Napi::Object::New(env);
-  scratch.Set("layoutId", kScratchLayoutId);
-  scratch.Set("numRecv", kScratchNumRecv);
-  scratch.Set("graphOps", kScratchGraphOps);
-  scratch.Set("addresses", kScratchAddresses);
-  scratch.Set("args", kScratchArgs);
-  scratch.Set("tokensPerExpert", kScratchTokensPerExpert);
-  Napi::Object d = Napi::Object::New(env);
-  d.Set("numTokens", dispatch_arg::kNumTokens);
-  d.Set("xElemBytes", dispatch_arg::kXElemBytes);
-  d.Set("expertAlignment", dispatch_arg::kExpertAlignment);
-  d.Set("handle", dispatch_arg::kHandle);
-  d.Set("numSms", dispatch_arg::kNumSms);
-  d.Set("mode", dispatch_arg::kMode);
-  Napi::Object cb = Napi::Object::New(env);
-  cb.Set("handle", combine_arg::kHandle);
-  cb.Set("numSms", combine_arg::kNumSms);
-  cb.Set("xRows", combine_arg::kXRows);
-  Napi::Object modes = Napi::Object::New(env);
-  modes.Set("host", kDispatchHost);
-  modes.Set("deviceAlloc", kDispatchDeviceAlloc);
-  modes.Set("inBuffer", kDispatchInBuffer);
-  modes.Set("pending", kDispatchPending);
+Napi::Object abi_object(Napi::Env env) {
+  using W = AbortWords;
   Napi::Array phases = Napi::Array::New(env, size_t(kPhaseCount));
   for (uint64_t p = 0; p < kPhaseCount; ++p) phases.Set(uint32_t(p), phase_name(p));
   Napi::Object o = Napi::Object::New(env);
-  o.Set("scratch", scratch);
-  o.Set("dispatchArg", d);
-  o.Set("combineArg", cb);
-  o.Set("dispatchModes", modes);
+  o.Set("scratch", numbers_object(env, {{"layoutId", kScratchLayoutId}, {"numRecv", kScratchNumRecv}, {"graphOps", kScratchGraphOps},
+                                        {"addresses", kScratchAddresses}, {"args", kScratchArgs}, {"tokensPerExpert", kScratchTokensPerExpert}}));
+  o.Set("dispatchArg", numbers_object(env, {{"numTokens", dispatch_arg::kNumTokens}, {"xElemBytes", dispatch_arg::kXElemBytes},
+                                            {"expertAlignment", dispatch_arg::kExpertAlignment}, {"handle", dispatch_arg::kHandle},
+                                            {"numSms", dispatch_arg::kNumSms}, {"mode", dispatch_arg::kMode}}));
+  o.Set("combineArg", numbers_object(env, {{"handle", combine_arg::kHandle}, {"numSms", combine_arg::kNumSms}, {"xRows", combine_arg::kXRows}}));
+  o.Set("dispatchModes", numbers_object(env, {{"host", kDispatchHost}, {"deviceAlloc", kDispatchDeviceAlloc},
+                                              {"inBuffer", kDispatchInBuffer}, {"pending", kDispatchPending}}));
   o.Set("phases", phases);
-  o.Set("abortWords", abort_words_object(env));
+  o.Set("abortWords", numbers_object(env, {{"failedRank", W::kFailedRank}, {"stopping", W::kStopping},
+                                           {"failureReasonBytes", W::kFailureReasonBytes}, {"releaseOrigin", W::kReleaseOrigin},
+                                           {"releasedAbove", W::kReleasedAbove}, {"releaseReasonBytes", W::kReleaseReasonBytes},
+                                           {"words", W::kWords}, {"maxReason", W::kMaxReason}, {"failureReasonAt", W::kFailureReasonAt},
+                                           {"releaseReasonAt", W::kReleaseReasonAt}, {"bytes", W::kBytes}}));
   return o;
 }
+
+}  // namespace
 
 void RegisterLayout(Napi::Env env, Napi::Object exports) {
   exports.Set("abi", abi_object(env));
   exports.Set("layout", Napi::Function::New(env, Layout));
-  exports.Set("abortWords", abort_words_object(env));
   exports.Set("closeFds", Napi::Function::New(env, CloseFds));
   exports.Set("alignment", Napi::Number::New(env, double(kAlignment)));
 }
