@@ -197,6 +197,20 @@ export class Group extends EventEmitter<GroupEvents> {
     return this.collective(['ready'], () => this.workers.all((api, r) => api.allGather(tensors[r]!) as Promise<Tensor<D>>));
   }
 
+  /** The sum over the ranks of their parts (fp32 or bf16, one shape), on every rank, in rank order with fp32 accumulation: the same bits on each. */
+  allReduce<D extends 'fp32' | 'bf16'>(parts: Tensor<D>[], opts?: { op?: 'sum' }): Promise<Tensor<D>[]> {
+    try {
+      const o = checkOptions<{ op: unknown }>('options', opts, '{ op? }');
+      if (o.op !== undefined && o.op !== 'sum') throw invalid('op', `must be 'sum' (got ${String(o.op)})`);
+      const list = checkPerRank<Tensor>('parts', parts, this.size);
+      list.forEach((t, r) => checkTensor(`parts[${r}]`, t, { dtypes: ['fp32', 'bf16'] }));
+      checkSameShape('parts', list);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.collective(['ready'], () => this.workers.all((api, r) => api.allReduce(parts[r]!) as Promise<Tensor<D>>));
+  }
+
   dispatch<D extends DispatchDType>(inputs: DispatchInput<D>[]): Promise<DispatchResult<D>[]> {
     try {
       const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);

@@ -91,6 +91,21 @@ struct ReduceArgs {
   void* out = nullptr;
 };
 
+// peer reduce: rank r sums (rank order, fp32 accumulation) its eighth-aligned slice r of every rank's
+// `in` (n fp32 or bf16 elements) and writes the sums into the same slice of every rank's `out`. The
+// addresses travel in the enter slots (protocol.hpp kSignalAddrWord); `window` says which are offsets
+// into this rank's window (bit 0: in, bit 1: out). `tag` fingerprints (n, dtype): a peer whose tag
+// differs is refused (Control.bad_*, kBadShape) and nothing moves; the done round still runs.
+struct PeerReduceArgs {
+  RankArgs r;
+  const void* in = nullptr;
+  void* out = nullptr;
+  int64_t n = 0;
+  uint64_t tag = 0;
+  uint32_t window = 0;
+  int32_t bf16 = 0;
+};
+
 // engram: row g of the global table = row g % entries of rank g / entries's host segment.
 struct FetchArgs {
   const uint64_t* segments = nullptr;  // [W] host segment of rank p in this rank's address space

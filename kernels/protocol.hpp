@@ -37,6 +37,10 @@ RF_HD constexpr int64_t align_up(int64_t x, int64_t a) { return (x + a - 1) / a 
 constexpr int64_t kSignalSeqWord = 0;
 constexpr int64_t kSignalPayloadWord = 1;
 constexpr int64_t kSignalTagWord = 2;
+// Words 3-5 of an `enter` slot: the addresses a peer reduction (rf_peer_reduce) publishes with its
+// enter: its input, its output, and which of them are offsets into its window (bit 0: input, bit 1:
+// output; else device addresses, valid for peers of its process). Same lifetime as the payload.
+constexpr int64_t kSignalAddrWord = 3;
 RF_HD bool seq_reached(uint64_t slot_seq, uint64_t seq) { return slot_seq >= seq; }
 
 // Kinds of slot arrays in the workspace, each `world_size` slots wide (one per peer), except the
@@ -92,6 +96,7 @@ struct WorkspaceLayout {
   X(kPhaseSessionReduce, "session reduceScatter")                      \
   X(kPhasePipeline, "pipeline send/recv")                              \
   X(kPhaseEngram, "engram")                                            \
+  X(kPhasePeerReduce, "peer reduce")                                   \
   X(kPhaseScaleoutConnect, "scale-out connect") /* forming the scale-out connections (runtime/scaleout.hpp) */
 
 enum Phase : uint64_t {
@@ -121,6 +126,7 @@ struct Control {
   uint64_t bad_seq;        // GPU -> CPU: the op that refused an input (0 = none; first one wins)
   int64_t bad_index;       // >= 0: position in topkIdx of an expert id outside [-1, numExperts);
                            // kBadHandle: a peer replays another dispatch's handle (bad_value = peer)
+                           // kBadShape: a peer reduces another element count or dtype (bad_value = peer)
   int64_t bad_value;       // the id, or the peer
   uint64_t completed_seq;  // GPU -> CPU: the last op whose final kernel ran to its end (barrier)
   int32_t abort_mirror[8]; // the abort words (AbortWords), copied here by the CPU where the GPU cannot map them
@@ -128,6 +134,7 @@ struct Control {
   uint64_t pad[1];
 };
 constexpr int64_t kBadHandle = -2;
+constexpr int64_t kBadShape = -3;
 
 // The abort words: int32 words in a SharedArrayBuffer that the main thread writes (Atomics) and every
 // wait of the rank reads, natively and in its kernels (runtime/abort.hpp; actors/core/addon.ts ABORT
@@ -212,6 +219,15 @@ RF_HD int64_t size_hint(const EpConfig& c) {
 // Combine's per-row arrival flag (split mode): the op's sequence number times an odd constant, so
 // that a flag is never 0 and stale bytes in the (shared) region equal it with chance 2^-64.
 RF_HD uint64_t combine_flag(uint64_t seq) { return seq * 0x9E3779B97F4A7C15ull; }
+
+// A peer reduction's enter tag: its element count and dtype (never 0, a tag the other ops leave).
+RF_HD uint64_t peer_reduce_tag(int64_t n, bool bf16) { return (uint64_t(n) << 2) | (bf16 ? 3u : 1u); }
+// Its slice of rank r of n elements, in units of 8 (whole 16-byte vectors of fp32 or bf16): [*lo, *hi).
+RF_HD void peer_reduce_slice(int64_t n, int world, int rank, int64_t* lo, int64_t* hi) {
+  const int64_t per = ((n + 7) / 8 + world - 1) / world * 8, first = int64_t(rank) * per, last = first + per;
+  *lo = first < n ? first : n;
+  *hi = last < n ? last : n;
+}
 
 // bf16 <-> fp32, round to nearest even, NaN kept quiet: the host executor and the kernels agree bit for bit.
 RF_HD float bf16_to_float(uint16_t b) {

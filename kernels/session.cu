@@ -8,6 +8,11 @@
 //               block signals done[my_rank] to the destinations and waits for the sources' done.
 //   rf_reduce : out[i] = sum over ranks q in rank order of region[q * n + i], fp32 accumulation,
 //               bf16 in -> bf16 out with round to nearest even (rankflow::float_to_bf16).
+//   rf_peer_reduce : the same sums with no gathered copy (kargs::PeerReduceArgs): an enter round that
+//               publishes each rank's input and output addresses, rank r sums slice r of every
+//               rank's input straight from where it lies and stores the sums into every rank's
+//               output, then a done round. Each element is read W times and written W times in all,
+//               by one rank: in place (in == out) is safe.
 // Rings (kargs::Ring): allGather: 1, W-1 both; reduce-scatter: destinations 0, W (me included);
 // pipeline: 1, 1 (next rank / previous rank).
 #include "common.cuh"
@@ -151,4 +156,149 @@ extern "C" __global__ void __launch_bounds__(256) rf_reduce(const ReduceArgs arg
     for (int q = 0; q < world; ++q) acc = __fadd_rn(acc, in[int64_t(q) * n + i]);
     o[i] = acc;
   }
+}
+
+namespace {
+
+constexpr int kPeerReduceUnroll = 4;  // 16-byte vectors per thread in flight from each rank
+
+// acc (4 fp32 or 8 bf16 lanes of one 16-byte vector) += x, in the same order as rf_reduce.
+template <bool kBf16>
+__device__ __forceinline__ void add_vector(float* acc, const int4& x) {
+  const uint32_t w[4] = {uint32_t(x.x), uint32_t(x.y), uint32_t(x.z), uint32_t(x.w)};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (kBf16) {
+      acc[2 * j] = __fadd_rn(acc[2 * j], bf16_to_float(uint16_t(w[j] & 0xffffu)));
+      acc[2 * j + 1] = __fadd_rn(acc[2 * j + 1], bf16_to_float(uint16_t(w[j] >> 16)));
+    } else {
+      acc[j] = __fadd_rn(acc[j], __uint_as_float(w[j]));
+    }
+  }
+}
+
+template <bool kBf16>
+__device__ __forceinline__ int4 pack_vector(const float* acc) {
+  uint32_t r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    r[j] = kBf16 ? uint32_t(float_to_bf16(acc[2 * j])) | (uint32_t(float_to_bf16(acc[2 * j + 1])) << 16) : __float_as_uint(acc[j]);
+  return make_int4(int(r[0]), int(r[1]), int(r[2]), int(r[3]));
+}
+
+// Vectors [v0, v1) of every source, summed into every destination (from the next rank on, so that
+// the ranks' stores spread over the outputs).
+template <bool kBf16>
+__device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t v0, int64_t v1) {
+  constexpr int kLanes = kBf16 ? 8 : 4;
+  constexpr int U = kPeerReduceUnroll;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t base = v0 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; base < v1; base += stride * U) {
+    float acc[U][kLanes];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int l = 0; l < kLanes; ++l) acc[u][l] = 0.0f;
+    for (int q = 0; q < world; ++q) {
+      int4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (base + u * stride < v1) x[u] = ld_nc_v4(src[q] + (base + u * stride) * 16);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (base + u * stride < v1) add_vector<kBf16>(acc[u], x[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = base + u * stride;
+      if (v >= v1) continue;
+      const int4 r = pack_vector<kBf16>(acc[u]);
+      for (int k = 1; k <= world; ++k) st_v4(dst[(rank + k) % world] + v * 16, r);
+    }
+  }
+}
+
+// Elements [e0, e1), one at a time (a tail, or addresses not 16-byte aligned).
+template <bool kBf16>
+__device__ void reduce_elements(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t e0, int64_t e1) {
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t i = e0 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < e1; i += stride) {
+    float acc = 0.0f;
+    for (int q = 0; q < world; ++q)
+      acc = __fadd_rn(acc, kBf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(src[q])[i]) : reinterpret_cast<const float*>(src[q])[i]);
+    for (int k = 1; k <= world; ++k) {
+      uint8_t* d = dst[(rank + k) % world];
+      if constexpr (kBf16) reinterpret_cast<uint16_t*>(d)[i] = float_to_bf16(acc);
+      else reinterpret_cast<float*>(d)[i] = acc;
+    }
+  }
+}
+
+template <bool kBf16>
+__device__ void reduce_slice(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t lo, int64_t hi) {
+  constexpr int64_t kLanes = kBf16 ? 8 : 4;
+  bool aligned = true;
+  for (int p = 0; p < world; ++p) aligned = aligned && ((reinterpret_cast<uintptr_t>(src[p]) | reinterpret_cast<uintptr_t>(dst[p])) & 15) == 0;
+  if (!aligned) return reduce_elements<kBf16>(src, dst, world, rank, lo, hi);
+  // lo is a multiple of 8 elements: whole vectors from there, the last partial one element-wise.
+  reduce_vectors<kBf16>(src, dst, world, rank, lo / kLanes, hi / kLanes);
+  reduce_elements<kBf16>(src, dst, world, rank, hi / kLanes * kLanes, hi);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512) rf_peer_reduce(const PeerReduceArgs args) {
+  const RankArgs& a = args.r;
+  const int world = a.world, rank = a.rank;
+  const uint64_t seq = op_seq(a);
+  __shared__ uint64_t peers[kMaxRanks];
+  __shared__ const uint8_t* src[kMaxRanks];
+  __shared__ uint8_t* dst[kMaxRanks];
+  __shared__ int refused;
+  if (threadIdx.x == 0) refused = -1;
+  load_peers(peers, a);
+
+  // 1. enter: block 0 publishes my addresses with my enter in every rank's slot of mine (after what
+  // the stream wrote before, e.g. a staged input), every block reads everyone's.
+  if (blockIdx.x == 0 && !gave_up(a.arrivals)) {
+    __threadfence_system();
+    for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) {
+      uint64_t* s = slot_at(peers[p], a.ws, a.ws.enter, rank);
+      st_relaxed_sys(s + kSignalAddrWord, uint64_t(reinterpret_cast<uintptr_t>(args.in)));
+      st_relaxed_sys(s + kSignalAddrWord + 1, uint64_t(reinterpret_cast<uintptr_t>(args.out)));
+      st_relaxed_sys(s + kSignalAddrWord + 2, uint64_t(args.window));
+      signal(s, seq, 0, args.tag);
+    }
+  }
+  bool ok = true;
+  for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) {
+    const uint64_t* s = slot_at(peers[rank], a.ws, a.ws.enter, p);
+    uint64_t tag = 0;
+    if (!wait_signal(s, seq, a, kPhaseEnter, p, nullptr, &tag)) {
+      ok = false;
+      continue;
+    }
+    const uint64_t in = ld_relaxed_sys(s + kSignalAddrWord), out = ld_relaxed_sys(s + kSignalAddrWord + 1);
+    const uint64_t window = ld_relaxed_sys(s + kSignalAddrWord + 2);
+    src[p] = reinterpret_cast<const uint8_t*>((window & 1u) != 0 ? peers[p] + in : in);
+    dst[p] = reinterpret_cast<uint8_t*>((window & 2u) != 0 ? peers[p] + out : out);
+    if (tag != args.tag) atomicMax(&refused, p);
+  }
+  ok = __syncthreads_and(ok);
+
+  // 2. data: my slice, in units of 8 elements (whole 16-byte vectors of either dtype).
+  if (ok && refused >= 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) report_bad(a.ctl, seq, kBadShape, refused);
+  } else if (ok) {
+    int64_t lo = 0, hi = 0;
+    peer_reduce_slice(args.n, world, rank, &lo, &hi);
+    if (args.bf16 != 0) reduce_slice<true>(src, dst, world, rank, lo, hi);
+    else reduce_slice<false>(src, dst, world, rank, lo, hi);
+  }
+
+  // 3. done: my sums are in every output; after everyone's, mine holds all of them and nobody reads my input.
+  if (!last_block_arrived(a.arrivals) || gave_up(a.arrivals)) return;
+  for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) signal(slot_at(peers[p], a.ws, a.ws.done, rank), seq);
+  for (int p = int(threadIdx.x); p < world; p += int(blockDim.x))
+    wait_signal(slot_at(peers[rank], a.ws, a.ws.done, p), seq, a, kPhasePeerReduce, p);
 }

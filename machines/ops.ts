@@ -27,6 +27,7 @@ export interface OpDescriptor {
 export const OP_TABLE = {
   barrier: { event: 'BARRIER', state: 'barrier', from: 'ready', hot: true },
   allGather: { event: 'ALL_GATHER', state: 'allGathering', from: 'ready', hot: true },
+  allReduce: { event: 'ALL_REDUCE', state: 'allReducing', from: 'ready', hot: true },
   dispatch: { event: 'DISPATCH', state: 'dispatching', from: 'ready', hot: true, custom: true },
   combine: { event: 'COMBINE', state: 'combining', from: 'ready', hot: true },
   engramFetch: { event: 'ENGRAM_FETCH', state: 'engram.fetching', from: 'ready', hot: true, custom: true },

@@ -89,6 +89,25 @@ export class RankOps {
     return fromBytes(t.dtype, shape, out);
   }
 
+  /** The sum over the ranks of t (fp32 or bf16; every rank's of the same shape), on every rank: into t with inPlace, else a new tensor. */
+  allReduce(t: Tensor | DeviceTensor, inPlace: boolean): Tensor | DeviceTensor {
+    const n = numel(t.shape), bf16 = t.dtype === 'bf16';
+    if (t instanceof DeviceTensor) {
+      // Allocated while a graph is captured, the output belongs to the graph (every replay writes it).
+      const out = inPlace ? t : new DeviceTensor(this.native, t.dtype, t.shape, this.native.deviceAlloc(Math.max(t.bytes, 16)), !this.capturing);
+      try {
+        this.run(EVENTS.allReduce, () => this.native.allReduce(t.ptr, n, bf16, out.ptr));
+      } catch (e) {
+        if (out !== t) out.free();
+        throw e;
+      }
+      return out;
+    }
+    const out = inPlace ? t : tensor(t.dtype, t.shape);
+    this.run(EVENTS.allReduce, () => this.native.allReduce(t.data, n, bf16, out.data));
+    return out;
+  }
+
   private handleOf(id: number, numTokens: number, numRecv: number): DispatchHandle {
     const h: DispatchHandle = Object.freeze({ group: this.init.groupId, rank: this.init.rank, id, seq: this.runner.seq(), numTokens, numRecv });
     this.handles.add(h);

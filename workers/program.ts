@@ -69,6 +69,22 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     else if (!cuda) throw invalid('input', "device tensors need backend 'cuda'");
     return ops.allGather(t);
   }
+  /** the sum over the ranks of t (fp32 or bf16, the same shape on every rank) on every rank, in rank order with fp32 accumulation; { inPlace: true }: into t */
+  function allReduce<D extends DType>(t: DeviceTensor<D>, opts?: { inPlace?: boolean }): Promise<DeviceTensor<D>>;
+  function allReduce<D extends DType>(t: Tensor<D>, opts?: { inPlace?: boolean }): Promise<Tensor<D>>;
+  async function allReduce(t: Tensor | DeviceTensor, opts?: { inPlace?: boolean }): Promise<Tensor | DeviceTensor> {
+    if (opts !== undefined) {
+      if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { inPlace? }');
+      checkKnownKeys('options', opts, ['inPlace']);
+      if (opts.inPlace !== undefined && typeof opts.inPlace !== 'boolean') throw invalid('inPlace', 'must be a boolean');
+    }
+    if (!isDeviceTensor(t)) {
+      checkTensor('input', t, { dtypes: ['fp32', 'bf16'] });
+      if (ops.capturing) throw invalid('input', 'a captured allReduce takes device tensors');
+    } else if (!cuda) throw invalid('input', "device tensors need backend 'cuda'");
+    else if (t.dtype !== 'fp32' && t.dtype !== 'bf16') throw invalid('input.dtype', `must be fp32 or bf16 (got ${t.dtype})`);
+    return ops.allReduce(t, opts?.inPlace ?? false);
+  }
   /** engram rows by global id; { async: true }: the fetch overlaps with what runs until wait() */
   function engramFetch(ids: Int32Array, opts: AsyncOptions & { async: true }): PendingFetch<Tensor & DeviceTensor>;
   function engramFetch(ids: Int32Array, opts?: AsyncOptions): Promise<Tensor>;
@@ -123,11 +139,12 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
       ops.barrier(opts.withCpuSync ?? false);
     },
     allGather,
+    allReduce,
     dispatch,
     combine,
     /**
      * cuda: records the no-CPU-sync ops `fn` runs (a cached dispatch with outputsInBuffer, combine,
-     * barrier, allGather of device tensors, on fixed shapes) as a CUDA graph: nothing runs now, and
+     * barrier, allGather and allReduce of device tensors, on fixed shapes) as a CUDA graph: nothing runs now, and
      * each replay() launches them all at once as new collectives. Tensors the captured ops return
      * belong to the graph (every replay writes them) until graph.free().
      */

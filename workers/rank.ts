@@ -159,6 +159,10 @@ const api = {
     const r = ops.allGather(t) as Tensor;
     return Comlink.transfer(r, buffersOf(r.data));
   },
+  allReduce: (t: Tensor) => {
+    const r = ops.allReduce(t, false) as Tensor;
+    return Comlink.transfer(r, buffersOf(r.data));
+  },
   dispatch: (d: DispatchInput) => {
     const r = ops.dispatch(d);
     return Comlink.transfer(r, buffersOf(r.x.data, r.scales?.data, r.topkIdx, r.topkWeights, r.srcRank, r.srcToken));

@@ -93,6 +93,8 @@ export interface NativeContext {
   destroy(): void;
   barrier(cpuSync: boolean): void;
   allGather(input: TensorArg, bytes: number, output: TensorArg): void;
+  /** n fp32 (bf16 = false) or bf16 elements, summed over the ranks into output (input itself: in place) */
+  allReduce(input: TensorArg, n: number, bf16: boolean, output: TensorArg): void;
   /** Host outputs (mode 0), DISPATCH_PENDING, or undefined (device modes: results in the scratch). Its
    *  numbers (DISPATCH_ARG: numTokens, xElemBytes, expertAlignment, handle, numSms, mode) are in the scratch. */
   dispatch(x: TensorArg, scales: TensorArg, topkIdx: TensorArg, topkWeights: TensorArg): NativeDispatchOutputs | number | undefined;

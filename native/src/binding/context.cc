@@ -47,67 +47,31 @@ ContextConfig config_from(const Napi::Object& o) {
 
 }  // namespace
 
+// The method table: each file's methods are listed beside their definitions (context.hpp).
 Napi::Function ContextWrap::Define(Napi::Env env) {
-  return DefineClass(env, "Context",
-                     {
-                         InstanceMethod<&ContextWrap::Exported>("exported"),
-                         InstanceMethod<&ContextWrap::ImportPeers>("importPeers"),
-                         InstanceMethod<&ContextWrap::NcclUniqueId>("ncclUniqueId"),
-                         InstanceMethod<&ContextWrap::NcclInit>("ncclInit"),
-                         InstanceMethod<&ContextWrap::Info>("info"),
-                         InstanceMethod<&ContextWrap::Seq>("seq"),
-                         InstanceMethod<&ContextWrap::SessionCount>("sessionCount"),
-                         InstanceMethod<&ContextWrap::Recover>("recover"),
-                         InstanceMethod<&ContextWrap::ReadWindow>("readWindow"),
-                         InstanceMethod<&ContextWrap::WritePeer>("writePeer"),
-                         InstanceMethod<&ContextWrap::Destroy>("destroy"),
-                         InstanceMethod<&ContextWrap::Barrier>("barrier"),
-                         InstanceMethod<&ContextWrap::AllGather>("allGather"),
-                         InstanceMethod<&ContextWrap::Dispatch>("dispatch"),
-                         InstanceMethod<&ContextWrap::DispatchResume>("dispatchResume"),
-                         InstanceMethod<&ContextWrap::Combine>("combine"),
-                         InstanceMethod<&ContextWrap::SessionOpen>("sessionOpen"),
-                         InstanceMethod<&ContextWrap::SessionClose>("sessionClose"),
-                         InstanceMethod<&ContextWrap::SessionAllGather>("sessionAllGather"),
-                         InstanceMethod<&ContextWrap::SessionReduceScatter>("sessionReduceScatter"),
-                         InstanceMethod<&ContextWrap::EngramWrite>("engramWrite"),
-                         InstanceMethod<&ContextWrap::EngramFetch>("engramFetch"),
-                         InstanceMethod<&ContextWrap::PpExchange>("ppExchange"),
-                         InstanceMethod<&ContextWrap::SessionTensor>("sessionTensor"),
-                         InstanceMethod<&ContextWrap::WindowView>("windowView"),
-                         InstanceMethod<&ContextWrap::SessionIssue>("sessionIssue"),
-                         InstanceMethod<&ContextWrap::EngramFetchIssue>("engramFetchIssue"),
-                         InstanceMethod<&ContextWrap::InflightWait>("inflightWait"),
-                         InstanceMethod<&ContextWrap::DeviceAlloc>("deviceAlloc"),
-                         InstanceMethod<&ContextWrap::DeviceFree>("deviceFree"),
-                         InstanceMethod<&ContextWrap::DeviceUpload>("deviceUpload"),
-                         InstanceMethod<&ContextWrap::DeviceZero>("deviceZero"),
-                         InstanceMethod<&ContextWrap::DeviceDownload>("deviceDownload"),
-                         InstanceMethod<&ContextWrap::DeviceSync>("deviceSync"),
-                         InstanceMethod<&ContextWrap::EventRecord>("eventRecord"),
-                         InstanceMethod<&ContextWrap::EventElapsed>("eventElapsed"),
-                         InstanceMethod<&ContextWrap::EventDestroy>("eventDestroy"),
-                         InstanceMethod<&ContextWrap::LastOpMs>("lastOpMs"),
-                         InstanceMethod<&ContextWrap::SetOpTiming>("setOpTiming"),
-                         InstanceMethod<&ContextWrap::BenchAlltoAll>("benchAlltoAll"),
-                         InstanceMethod<&ContextWrap::BenchPeerCopy>("benchPeerCopy"),
-                         InstanceMethod<&ContextWrap::BenchAgrs>("benchAgrs"),
-                         InstanceMethod<&ContextWrap::CaptureBegin>("captureBegin"),
-                         InstanceMethod<&ContextWrap::CaptureEnd>("captureEnd"),
-                         InstanceMethod<&ContextWrap::Replay>("replay"),
-                         InstanceMethod<&ContextWrap::GraphFree>("graphFree"),
-                         InstanceMethod<&ContextWrap::Occupy>("occupy"),
-                         InstanceMethod<&ContextWrap::OnSlowWait>("onSlowWait"),
-                         // interop.cc
-                         InstanceMethod<&ContextWrap::CudaStream>("cudaStream"),
-                         InstanceMethod<&ContextWrap::CudaContext>("cudaContext"),
-                         InstanceMethod<&ContextWrap::EventWait>("eventWait"),
-                         InstanceMethod<&ContextWrap::DeviceCheck>("deviceCheck"),
-                         // scaleout.cc
-                         InstanceMethod<&ContextWrap::ScaleoutListen>("scaleoutListen"),
-                         InstanceMethod<&ContextWrap::ScaleoutConnect>("scaleoutConnect"),
-                         InstanceMethod<&ContextWrap::TrafficWords>("trafficWords"),
-                     });
+  Methods m;
+  lifecycle_methods(m);
+  collective_methods(m);
+  moe_methods(m);
+  inflight_methods(m);
+  device_methods(m);
+  interop_methods(m);
+  scaleout_methods(m);
+  return DefineClass(env, "Context", m);
+}
+
+void ContextWrap::lifecycle_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::Exported>("exported"));
+  m.push_back(InstanceMethod<&ContextWrap::ImportPeers>("importPeers"));
+  m.push_back(InstanceMethod<&ContextWrap::NcclUniqueId>("ncclUniqueId"));
+  m.push_back(InstanceMethod<&ContextWrap::NcclInit>("ncclInit"));
+  m.push_back(InstanceMethod<&ContextWrap::Info>("info"));
+  m.push_back(InstanceMethod<&ContextWrap::Seq>("seq"));
+  m.push_back(InstanceMethod<&ContextWrap::SessionCount>("sessionCount"));
+  m.push_back(InstanceMethod<&ContextWrap::Recover>("recover"));
+  m.push_back(InstanceMethod<&ContextWrap::ReadWindow>("readWindow"));
+  m.push_back(InstanceMethod<&ContextWrap::WritePeer>("writePeer"));
+  m.push_back(InstanceMethod<&ContextWrap::Destroy>("destroy"));
 }
 
 ContextWrap::ContextWrap(const Napi::CallbackInfo& info) : Napi::ObjectWrap<ContextWrap>(info) {

@@ -48,6 +48,15 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
  private:
   Context& ctx(Napi::Env env);
   void teardown() noexcept;
+  // The method table, made in Define from each file's list, kept beside that file's definitions.
+  using Methods = std::vector<Napi::ClassPropertyDescriptor<ContextWrap>>;
+  static void lifecycle_methods(Methods& m);   // context.cc
+  static void collective_methods(Methods& m);  // context_collectives.cc
+  static void moe_methods(Methods& m);         // context_moe.cc
+  static void inflight_methods(Methods& m);    // inflight.cc
+  static void device_methods(Methods& m);      // context_device.cc
+  static void interop_methods(Methods& m);     // interop.cc
+  static void scaleout_methods(Methods& m);    // scaleout.cc
   static void OnEnvCleanup(void* arg);
 
   // lifecycle and probes
@@ -65,6 +74,7 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   // collectives
   Napi::Value Barrier(const Napi::CallbackInfo& info);
   Napi::Value AllGather(const Napi::CallbackInfo& info);
+  Napi::Value AllReduce(const Napi::CallbackInfo& info);
   Napi::Value Dispatch(const Napi::CallbackInfo& info);
   Napi::Value DispatchResume(const Napi::CallbackInfo& info);
   Napi::Value Combine(const Napi::CallbackInfo& info);

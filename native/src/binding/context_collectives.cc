@@ -1,4 +1,4 @@
-// ContextWrap: the collectives (barrier, allGather), AGRS sessions, engram and pipeline exchange.
+// ContextWrap: the collectives (barrier, allGather, allReduce), AGRS sessions, engram and pipeline exchange.
 #include "context.hpp"
 
 #include "marshal.hpp"
@@ -23,6 +23,19 @@ Napi::Value ContextWrap::AllGather(const Napi::CallbackInfo& info) {
   const Mem in = ref_arg(info[0], "input", info[0].IsBigInt() ? -1 : bytes);
   const Mem out = ref_arg(info[2], "output", info[2].IsBigInt() ? -1 : bytes * c.world());
   guarded(env, [&] { ops::all_gather(c, in, bytes, out); });
+  return env.Undefined();
+}
+
+// (in, n, bf16, out): n fp32 or bf16 elements; typed arrays (host) or device addresses; in == out: in place
+Napi::Value ContextWrap::AllReduce(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Context& c = ctx(env);
+  const int64_t n = int_arg(info[1], "n", 0, c.sym_bytes);
+  const bool bf16 = info[2].ToBoolean().Value();
+  const int64_t bytes = n * (bf16 ? 2 : 4);
+  const Mem in = ref_arg(info[0], "input", info[0].IsBigInt() ? -1 : bytes);
+  const Mem out = ref_arg(info[3], "output", info[3].IsBigInt() ? -1 : bytes);
+  guarded(env, [&] { ops::all_reduce(c, in, out, n, bf16); });
   return env.Undefined();
 }
 
@@ -100,6 +113,20 @@ Napi::Value ContextWrap::PpExchange(const Napi::CallbackInfo& info) {
   const Mem out = ref_arg(info[2], "output", info[2].IsBigInt() ? -1 : bytes);
   guarded(env, [&] { ops::pp_exchange(c, in, bytes, out); });
   return env.Undefined();
+}
+
+// In the method table (ContextWrap::Define).
+void ContextWrap::collective_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::Barrier>("barrier"));
+  m.push_back(InstanceMethod<&ContextWrap::AllGather>("allGather"));
+  m.push_back(InstanceMethod<&ContextWrap::AllReduce>("allReduce"));
+  m.push_back(InstanceMethod<&ContextWrap::SessionOpen>("sessionOpen"));
+  m.push_back(InstanceMethod<&ContextWrap::SessionClose>("sessionClose"));
+  m.push_back(InstanceMethod<&ContextWrap::SessionAllGather>("sessionAllGather"));
+  m.push_back(InstanceMethod<&ContextWrap::SessionReduceScatter>("sessionReduceScatter"));
+  m.push_back(InstanceMethod<&ContextWrap::EngramWrite>("engramWrite"));
+  m.push_back(InstanceMethod<&ContextWrap::EngramFetch>("engramFetch"));
+  m.push_back(InstanceMethod<&ContextWrap::PpExchange>("ppExchange"));
 }
 
 }  // namespace rankflow::binding

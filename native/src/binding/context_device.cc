@@ -193,4 +193,28 @@ Napi::Value ContextWrap::Occupy(const Napi::CallbackInfo& info) {
 }
 
 
+// In the method table (ContextWrap::Define).
+void ContextWrap::device_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::DeviceAlloc>("deviceAlloc"));
+  m.push_back(InstanceMethod<&ContextWrap::DeviceFree>("deviceFree"));
+  m.push_back(InstanceMethod<&ContextWrap::DeviceUpload>("deviceUpload"));
+  m.push_back(InstanceMethod<&ContextWrap::DeviceZero>("deviceZero"));
+  m.push_back(InstanceMethod<&ContextWrap::DeviceDownload>("deviceDownload"));
+  m.push_back(InstanceMethod<&ContextWrap::DeviceSync>("deviceSync"));
+  m.push_back(InstanceMethod<&ContextWrap::EventRecord>("eventRecord"));
+  m.push_back(InstanceMethod<&ContextWrap::EventElapsed>("eventElapsed"));
+  m.push_back(InstanceMethod<&ContextWrap::EventDestroy>("eventDestroy"));
+  m.push_back(InstanceMethod<&ContextWrap::LastOpMs>("lastOpMs"));
+  m.push_back(InstanceMethod<&ContextWrap::SetOpTiming>("setOpTiming"));
+  m.push_back(InstanceMethod<&ContextWrap::BenchAlltoAll>("benchAlltoAll"));
+  m.push_back(InstanceMethod<&ContextWrap::BenchPeerCopy>("benchPeerCopy"));
+  m.push_back(InstanceMethod<&ContextWrap::BenchAgrs>("benchAgrs"));
+  m.push_back(InstanceMethod<&ContextWrap::CaptureBegin>("captureBegin"));
+  m.push_back(InstanceMethod<&ContextWrap::CaptureEnd>("captureEnd"));
+  m.push_back(InstanceMethod<&ContextWrap::Replay>("replay"));
+  m.push_back(InstanceMethod<&ContextWrap::GraphFree>("graphFree"));
+  m.push_back(InstanceMethod<&ContextWrap::Occupy>("occupy"));
+  m.push_back(InstanceMethod<&ContextWrap::OnSlowWait>("onSlowWait"));
+}
+
 }  // namespace rankflow::binding

@@ -193,4 +193,11 @@ Napi::Value ContextWrap::Combine(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// In the method table (ContextWrap::Define).
+void ContextWrap::moe_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::Dispatch>("dispatch"));
+  m.push_back(InstanceMethod<&ContextWrap::DispatchResume>("dispatchResume"));
+  m.push_back(InstanceMethod<&ContextWrap::Combine>("combine"));
+}
+
 }  // namespace rankflow::binding

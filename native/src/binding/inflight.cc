@@ -114,4 +114,13 @@ Napi::Value ContextWrap::InflightWait(const Napi::CallbackInfo& info) {
   return Napi::ArrayBuffer::New(env, p, bytes, [](Napi::Env, void* data) { std::free(data); });
 }
 
+// In the method table (ContextWrap::Define).
+void ContextWrap::inflight_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::SessionTensor>("sessionTensor"));
+  m.push_back(InstanceMethod<&ContextWrap::WindowView>("windowView"));
+  m.push_back(InstanceMethod<&ContextWrap::SessionIssue>("sessionIssue"));
+  m.push_back(InstanceMethod<&ContextWrap::EngramFetchIssue>("engramFetchIssue"));
+  m.push_back(InstanceMethod<&ContextWrap::InflightWait>("inflightWait"));
+}
+
 }  // namespace rankflow::binding

@@ -49,4 +49,12 @@ Napi::Value ContextWrap::DeviceCheck(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// In the method table (ContextWrap::Define).
+void ContextWrap::interop_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::CudaStream>("cudaStream"));
+  m.push_back(InstanceMethod<&ContextWrap::CudaContext>("cudaContext"));
+  m.push_back(InstanceMethod<&ContextWrap::EventWait>("eventWait"));
+  m.push_back(InstanceMethod<&ContextWrap::DeviceCheck>("deviceCheck"));
+}
+
 }  // namespace rankflow::binding

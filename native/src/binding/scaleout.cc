@@ -53,6 +53,13 @@ Napi::Value ContextWrap::TrafficWords(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
+// In the method table (ContextWrap::Define).
+void ContextWrap::scaleout_methods(Methods& m) {
+  m.push_back(InstanceMethod<&ContextWrap::ScaleoutListen>("scaleoutListen"));
+  m.push_back(InstanceMethod<&ContextWrap::ScaleoutConnect>("scaleoutConnect"));
+  m.push_back(InstanceMethod<&ContextWrap::TrafficWords>("trafficWords"));
+}
+
 }  // namespace rankflow::binding
 
 // addon.hmacSha256(key: Uint8Array, message: Uint8Array) -> Uint8Array(32)

@@ -212,6 +212,10 @@ class Backend {
   // engram: a table in the host segment (write is collective), fetched by global row id.
   virtual void engram_write(uint64_t seq, Mem table, int64_t bytes) = 0;
   virtual void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) = 0;
+  // peer reduce, within one node (the runtime composes it across nodes from all_gather): every rank's
+  // `in` (n fp32 or bf16 elements) summed in rank order with fp32 accumulation into every rank's `out`
+  // (in == out allowed). EINVAL on every rank, with nothing moved, where a peer's n or dtype differs.
+  virtual void reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) = 0;
   // pipeline: send to rank + 1, receive from rank - 1.
   virtual void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) = 0;
 

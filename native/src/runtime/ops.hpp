@@ -21,6 +21,10 @@ void barrier(Context& c, bool cpu_sync);
 // allGather outside a session: out (W * bytes) = every rank's `bytes` in rank order.
 void all_gather(Context& c, Mem in, int64_t bytes, Mem out);
 
+// allReduce: out (n fp32 or bf16 elements; in == out allowed) = the sum over ranks of their `in`, in
+// rank order with fp32 accumulation: the same bits on every rank, within a node and across nodes.
+void all_reduce(Context& c, Mem in, Mem out, int64_t n, bool bf16);
+
 // dispatch, in the steps the binding may split when the CPU-sync wait is slow:
 //   begin (checks, notify or the handle's routing) -> counts (the CPU-sync wait) -> finish (data).
 // cpu_sync = false (outputs in the buffer, cuda): counts is skipped.

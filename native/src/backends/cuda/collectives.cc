@@ -63,6 +63,38 @@ void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
   copy_gathered(out, gather, bytes, padded);
 }
 
+// Peer reduce (rf_peer_reduce). Where every rank of the world is a rank of this process on this GPU,
+// device tensors are read and written where they lie (their addresses are valid for every rank);
+// other tensors go through my window: the input staged at the buffer's start, the sums behind it.
+void CudaBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) {
+  RF_CHECK(!two_level(), "STATE", "peer reduce runs within one node (the runtime composes it across nodes)");
+  const int64_t bytes = n * (bf16 ? 2 : 4);
+  const int64_t staged = c_.ws.bytes, sums = staged + align_up(bytes, kRegionAlignment);  // window offsets
+  const bool shared = c_.cfg.device_share == world();
+  const bool in_direct = shared && in.device, out_direct = shared && out.device;
+  kargs::PeerReduceArgs a;
+  a.in = in_direct ? in.ptr : reinterpret_cast<const void*>(uintptr_t(staged));
+  a.out = out_direct ? out.ptr : reinterpret_cast<void*>(uintptr_t(sums));
+  a.window = (in_direct ? 0u : 1u) | (out_direct ? 0u : 2u);
+  a.n = n;
+  a.bf16 = bf16 ? 1 : 0;
+  a.tag = peer_reduce_tag(n, bf16);
+  const CUdeviceptr result = mem_.window() + CUdeviceptr(sums);
+  translating(rank(), [&] {
+    if (!in_direct && bytes > 0) {
+      const CUdeviceptr to = mem_.window() + CUdeviceptr(staged);
+      if (in.device) RF_CU(cuMemcpyAsync, to, dev(in.ptr), size_t(bytes), stream_);
+      else from_host(to, in.ptr, bytes);
+    }
+    a.r = rank_args(seq);
+    launch_->peer_reduce(stream_, a);
+    if (!out_direct && out.device && bytes > 0) RF_CU(cuMemcpyAsync, dev(out.ptr), result, size_t(bytes), stream_);
+  });
+  if (out.device) return;
+  wait_stream(WaitSite{kPhasePeerReduce, -1, "done"});
+  if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, result, size_t(bytes)); });
+}
+
 // The W gathered parts (padded to `padded` bytes in the buffer at `gather`) into `out`, `bytes` each:
 // for a device tensor in stream order (the buffer is reused by the next op), for host memory at once
 // (the caller waited for the stream).

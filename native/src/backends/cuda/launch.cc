@@ -19,6 +19,7 @@ constexpr int64_t kNotifyBlockTokens = 256;
 constexpr int kDataThreads = 512;     // rf_dispatch_data's and rf_combine's
 constexpr int kCopyThreads = 256;     // rf_all_gather's and rf_put's
 constexpr int kSignalThreads = kMaxRanks;
+constexpr int kPeerReduceThreads = 512;  // rf_peer_reduce's
 constexpr int64_t kMaxNotifySmem = 200 * 1024;  // dynamic shared memory a notify block may ask for
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
@@ -106,6 +107,7 @@ void Launcher::prepare(CUstream s) {
   // graphs made at first launch above; the fused kernel launches with cuLaunchKernelEx.
   keep<kargs::CombineArgs>(k_.combine, kDataThreads, c);
   keep<kargs::ReduceArgs>(k_.reduce, 256, false);
+  keep<kargs::PeerReduceArgs>(k_.peer_reduce, kPeerReduceThreads, c);
   keep<kargs::FetchArgs>(k_.fetch, 256, false);
   keep<kargs::CopyArgs>(k_.tl_copy, 256, false);
   keep<kargs::FoldArgs>(k_.tl_fold, 256, false);
@@ -323,6 +325,16 @@ void Launcher::reduce(CUstream s, const kargs::ReduceArgs& a) const {
   const int64_t per = a.bf16 ? (a.n % 8 == 0 ? a.n / 8 : a.n) : (a.n % 4 == 0 ? a.n / 4 : a.n);
   const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count_) * 8, (per + 255) / 256)));
   launch(k_.reduce, "reduce", blocks, 256, 0, s, a, false);
+}
+
+void Launcher::peer_reduce(CUstream s, const kargs::PeerReduceArgs& a) const {
+  check_rank(a.r, "peer reduce");
+  RF_CUDA_REQUIRE(a.n >= 0 && a.in != nullptr && a.out != nullptr, "peer reduce: n must be >= 0, in and out given.");
+  // Enough blocks for 4 vectors per thread of my slice, at most what is resident of my share.
+  const int64_t slice = (a.n + int64_t(a.r.world) - 1) / a.r.world * (a.bf16 ? 2 : 4) / 16;
+  const int64_t per_block = int64_t(kPeerReduceThreads) * 4;
+  const int want = int(std::max<int64_t>(1, std::min<int64_t>(int64_t(sm_count_) * 4, (slice + per_block - 1) / per_block)));
+  launch(k_.peer_reduce, "peer reduce", grid_for(k_.peer_reduce, kPeerReduceThreads, 0, want), kPeerReduceThreads, 0, s, a, true);
 }
 
 void Launcher::engram_fetch(CUstream s, const kargs::FetchArgs& a) const {

@@ -72,6 +72,8 @@ class Launcher {
   void signal(CUstream s, const kargs::SignalArgs& a) const;
   void put(CUstream s, const kargs::PutArgs& a) const;
   void reduce(CUstream s, const kargs::ReduceArgs& a) const;
+  // rf_peer_reduce: a grid of what can be resident of the rank's share (its blocks wait for the peers').
+  void peer_reduce(CUstream s, const kargs::PeerReduceArgs& a) const;
   void engram_fetch(CUstream s, const kargs::FetchArgs& a) const;
   void epoch_advance(CUstream s, const kargs::EpochArgs& a) const;
   // Two levels (two_level.cu): a list of copies, the combine's folds, its last step. Empty lists launch nothing.

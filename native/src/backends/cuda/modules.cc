@@ -30,6 +30,7 @@ Modules::Modules() {
     k_.signal = entry(session, "session", "rf_signal");
     k_.put = entry(session, "session", "rf_put");
     k_.reduce = entry(session, "session", "rf_reduce");
+    k_.peer_reduce = entry(session, "session", "rf_peer_reduce");
     k_.fetch = entry(load("engram"), "engram", "rf_engram_fetch");
     k_.epoch_advance = entry(load("graph"), "graph", "rf_epoch_advance");
     k_.busy = entry(load("busy"), "busy", "rf_busy");

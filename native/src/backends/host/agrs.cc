@@ -1,5 +1,6 @@
 // AGRS sessions, engram and pipeline send/recv on the host executor (seed 6.3).
 #include <cstring>
+#include <vector>
 
 #include "backend.hpp"
 
@@ -61,6 +62,50 @@ void HostBackend::reduce_region(const uint8_t* region, int64_t n, bool bf16, Mem
     if (bf16) out.as<uint16_t>()[i] = float_to_bf16(acc);
     else out.as<float>()[i] = acc;
   }
+}
+
+// Peer reduce as rf_peer_reduce does it, through the windows: my input into my buffer at 0, an enter
+// round tagged with (n, dtype), my slice of every rank's input summed in rank order into every rank's
+// buffer at `sums`, a done round, then my buffer's sums out.
+void HostBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) {
+  const uint8_t* src = host_ptr(in, "input");
+  RF_CHECK(!out.device, "EINVAL", "output: device tensors need backend 'cuda'");
+  const int W = world();
+  const int64_t elem = bf16 ? 2 : 4, bytes = n * elem, sums = align_up(bytes, kRegionAlignment);
+  const uint64_t tag = peer_reduce_tag(n, bf16);
+  std::memmove(buffer(), src, size_t(bytes));
+  announce(seq, tag);
+  int refused = -1;
+  for (int p = 0; p < W; ++p)
+    if (p != rank() && wait_entered(p, seq) != tag) refused = p;
+  if (refused < 0) {
+    int64_t lo = 0, hi = 0;
+    peer_reduce_slice(n, W, rank(), &lo, &hi);
+    std::vector<const uint8_t*> parts;
+    std::vector<uint8_t*> dst;
+    for (int q = 0; q < W; ++q) {
+      uint8_t* b = q == rank() ? buffer() : peer_buffer(q);
+      parts.push_back(b);
+      dst.push_back(b + sums);
+    }
+    for (int64_t i = lo; i < hi; ++i) {
+      float acc = 0.0f;
+      for (int q = 0; q < W; ++q)  // rank order, as the kernels
+        acc += bf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(parts[size_t(q)])[i]) : reinterpret_cast<const float*>(parts[size_t(q)])[i];
+      for (int q = 0; q < W; ++q) {
+        if (bf16) reinterpret_cast<uint16_t*>(dst[size_t(q)])[i] = float_to_bf16(acc);
+        else reinterpret_cast<float*>(dst[size_t(q)])[i] = acc;
+      }
+    }
+    c_.traffic.up((hi - lo) * elem * (W - 1));
+  }
+  signal_all(c_.ws.done, seq);
+  wait_all(c_.ws.done, seq, kPhasePeerReduce, "done");
+  RF_CHECK(refused < 0, "EINVAL",
+           "input: rank " + std::to_string(refused) + " reduces another element count or dtype than rank " + std::to_string(rank()) +
+               " (" + std::to_string(n) + (bf16 ? " bf16" : " fp32") + " elements) in op #" + std::to_string(seq) +
+               ": every rank must pass the same shape and dtype (nothing moved)");
+  std::memcpy(out.ptr, buffer() + sums, size_t(bytes));
 }
 
 void HostBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {

@@ -89,6 +89,7 @@ class HostBackend final : public Backend {
   void session_signal(uint64_t enter_seq, uint64_t value, Phase phase) override;
   void session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) override;
   void session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) override;
+  void reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) override;
   void engram_write(uint64_t seq, Mem table, int64_t bytes) override;
   void engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) override;
   void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
