@@ -5,7 +5,7 @@
 // writes the sums into every rank's tensor, so the GPU must read W x size bytes and write W x size
 // bytes in all. Its floor is the time of a device-to-device copy of W x size bytes (which reads and
 // writes exactly that), measured in the same run by a group of one rank (benchPeerCopy into its own
-// window). Printed per case: ms per allReduce (the slowest rank's mean), the floor, floor / time
+// window). Printed per case: ms per allReduce (the slowest rank's mean, median of --repeats), the floor, floor / time
 // (the target: >= 80% from 64 MiB), and the bus bandwidth nccl-tests would print (2 (W-1) / W x size
 // / time). Writes bench/results/all-reduce-<date>.json with date, commit, machine and command.
 import { mkdirSync, writeFileSync } from 'node:fs';
@@ -23,6 +23,7 @@ const { values: flags } = parseArgs({
     ranks: { type: 'string', default: '2,4' },
     dtypes: { type: 'string', default: 'bf16,fp32' },
     warmup: { type: 'string', default: '5' },
+    repeats: { type: 'string', default: '3' },
     out: { type: 'string', default: path.join(PACKAGE_ROOT, 'bench', 'results') },
     commit: { type: 'string', default: '' },
   },
@@ -33,15 +34,20 @@ const worlds = flags.ranks!.split(',').map(Number);
 const dtypes = flags.dtypes!.split(',') as Array<'fp32' | 'bf16'>;
 const warmup = Number(flags.warmup);
 const program = new URL('./programs/all-reduce-loop.js', import.meta.url);
-// About 1 GiB moved per size: enough calls to drown the launch at small sizes, few at large ones.
-const itersFor = (bytes: number, W: number): number => Math.max(10, Math.min(500, Math.round(2 ** 30 / (bytes * W))));
+// About 64 GiB moved per size (some 30 ms of calls): a rank that starts its loop a millisecond after
+// the others adds a few per cent at most. Each case is measured `repeats` times; the median is kept.
+const itersFor = (bytes: number, W: number): number => Math.max(20, Math.min(2000, Math.round(2 ** 36 / (bytes * W))));
 const BUFFER = { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 4 };
 
 async function timed(W: number, cases: AllReduceCase[], copy: boolean, bufferBytes: number): Promise<number[]> {
   const g = await createGroup({ backend: 'cuda', ranks: W, devices: Array(W).fill(0), buffer: { ...BUFFER, bytes: bufferBytes } });
   try {
-    const perRank = await g.run<number[]>(program, { cases, copy, warmup } satisfies AllReduceLoopArgs);
-    return cases.map((_, i) => Math.max(...perRank.map((ms) => ms[i]!)));
+    const runs: number[][] = [];
+    for (let k = 0; k < Number(flags.repeats); k++) {
+      const perRank = await g.run<number[]>(program, { cases, copy, warmup } satisfies AllReduceLoopArgs);
+      runs.push(cases.map((_, i) => Math.max(...perRank.map((ms) => ms[i]!))));  // the slowest rank's
+    }
+    return cases.map((_, i) => runs.map((r) => r[i]!).sort((a, b) => a - b)[runs.length >> 1]!);
   } finally {
     await g.destroy();
   }
@@ -54,11 +60,11 @@ async function main(): Promise<void> {
   for (const W of worlds) {
     // The floor of each size: a copy of W x size bytes, by one rank alone on the GPU.
     const copyCases = sizes.map((b) => ({ dtype: 'bf16' as const, bytes: b * W, iters: itersFor(b, W) }));
-    const copyMs = await timed(1, copyCases, true, Math.max(...sizes) * W);
+    const copyMs = await timed(1, copyCases, true, Math.max(...sizes) * W + 16 * MiB);  // room beside the workspace
     for (const dtype of dtypes) {
       const cases = sizes.map((b) => ({ dtype, bytes: b, iters: itersFor(b, W) }));
       // The runtime's check: room for a staged input and its sums (the direct path uses neither).
-      const ms = await timed(W, cases, false, 2 * Math.max(...sizes));
+      const ms = await timed(W, cases, false, 2 * Math.max(...sizes) + 16 * MiB);
       cases.forEach((c, i) => {
         const floor = copyMs[i]!;
         rows.push({

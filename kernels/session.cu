@@ -199,14 +199,22 @@ __device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, i
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int l = 0; l < kLanes; ++l) acc[u][l] = 0.0f;
-    for (int q = 0; q < world; ++q) {
-      int4 x[U];
+    // Two ranks' vectors in flight at a time (2 U loads per thread), summed in rank order.
+    for (int q = 0; q < world; q += 2) {
+      const bool two = q + 1 < world;
+      int4 x[U], y[U];
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (base + u * stride < v1) x[u] = ld_nc_v4(src[q] + (base + u * stride) * 16);
+      for (int u = 0; u < U; ++u) {
+        const int64_t v = base + u * stride;
+        if (v < v1) x[u] = ld_nc_v4(src[q] + v * 16);
+        if (two && v < v1) y[u] = ld_nc_v4(src[q + 1] + v * 16);
+      }
 #pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (base + u * stride < v1) add_vector<kBf16>(acc[u], x[u]);
+      for (int u = 0; u < U; ++u) {
+        if (base + u * stride >= v1) continue;
+        add_vector<kBf16>(acc[u], x[u]);
+        if (two) add_vector<kBf16>(acc[u], y[u]);
+      }
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {

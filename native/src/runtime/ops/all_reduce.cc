@@ -44,10 +44,10 @@ void across_nodes(Context& c, Mem in, Mem out, int64_t n, bool bf16) {
 }  // namespace
 
 void all_reduce(Context& c, Mem in, Mem out, int64_t n, bool bf16) {
-  c.backend().check_runs("allReduce");
+  const bool across = c.nodes.two_level();
+  c.backend().check_runs(across ? "allGather" : "peer reduce");  // what it is made of, asked before anything moves
   RF_CHECK(n >= 0, "EINVAL", "allReduce: the input's element count must be >= 0");
   const int64_t bytes = n * (bf16 ? 2 : 4);
-  const bool across = c.nodes.two_level();
   // Within a node: the input staged at the buffer's start, the sums behind it (where a backend stages);
   // across nodes: the W gathered parts.
   const int64_t need = across ? bytes * c.world() : align_up(bytes, kRegionAlignment) + bytes;
