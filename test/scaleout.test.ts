@@ -192,3 +192,19 @@ describe('ranks of a world on simulated nodes that replay different handles in o
     for (const c of procs) expect((await c.next('done', 30_000)).states).toEqual(['destroyed', 'destroyed']);
   });
 });
+
+describe('allReduce across simulated nodes with a rank of another length', () => {
+  it('is EINVAL on every rank naming both ranks, nothing moved, and the next allReduce is the plain sum', async () => {
+    const procs = await world({ nodes: 2, perNode: 2, procsPerNode: 1 }, { mode: 'program', program: 'all-reduce.mjs', args: { n: 40, refuse: { rank: 3, n: 36 } } });
+    const out = (await Promise.all(procs.map((c) => c.next('program', 60_000)))).flatMap((m) => m.results as Array<{ error?: { code: string; message: string }; after: number[]; state: string }>);
+    // (g + 1) * (i + 1) / 4 summed over g = 0..3: small integers and quarters, exact in any order.
+    const want = Array.from({ length: 40 }, (_, i) => (10 * (i + 1)) / 4);
+    out.forEach((r, g) => {
+      const other = g === 3 ? 0 : 3;
+      expect(r.error, `rank ${g}`).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(new RegExp(`^input: rank ${other} reduces another element count or dtype than rank ${g} \\(`)) });
+      expect(r.after, `rank ${g}`).toEqual(want);
+      expect(r.state).toBe('ready');
+    });
+    for (const c of procs) expect((await c.next('done', 30_000)).states).toEqual(['destroyed', 'destroyed']);
+  });
+});
