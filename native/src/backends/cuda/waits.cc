@@ -7,6 +7,7 @@
 #include "backend.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
+#include "runtime/peer_reduce.hpp"
 #include "runtime/wait.hpp"
 
 namespace rankflow::cuda {
@@ -206,9 +207,8 @@ void CudaBackend::check_refused() {
     const int64_t index = k->bad_index, value = k->bad_value;
     k->bad_seq = 0;
     if (index == kBadShape)
-      throw Error("EINVAL", "input: rank " + std::to_string(value) + " reduces another element count or dtype than rank " +
-                                std::to_string(rank()) + " in op #" + std::to_string(seq) +
-                                ": every rank must pass the same shape and dtype (found on the GPU: nothing moved)");
+      throw peer_shape_error(int(value), rank(), "in op #" + std::to_string(seq) +
+                                                     ": every rank must pass the same shape and dtype (found on the GPU: nothing moved)");
     if (index == kBadHandle)
       throw Error("EINVAL", "inputs.handle: rank " + std::to_string(value) + " replays another dispatch's handle than rank " +
                                 std::to_string(rank()) + " in dispatch/combine #" + std::to_string(seq) +

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backend.hpp"
+#include "runtime/peer_reduce.hpp"
 
 namespace rankflow::host {
 
@@ -52,16 +53,7 @@ void HostBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
 
 // out[i] = the sum over ranks q, in rank order, of region slot q's element i (fp32 accumulation).
 void HostBackend::reduce_region(const uint8_t* region, int64_t n, bool bf16, Mem out) const {
-  const int64_t chunk = n * (bf16 ? 2 : 4);
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = 0.0f;
-    for (int q = 0; q < world(); ++q) {  // rank order: the CUDA kernel sums in the same order
-      const uint8_t* part = region + int64_t(q) * chunk;
-      acc += bf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(part)[i]) : reinterpret_cast<const float*>(part)[i];
-    }
-    if (bf16) out.as<uint16_t>()[i] = float_to_bf16(acc);
-    else out.as<float>()[i] = acc;
-  }
+  sum_in_rank_order(consecutive_parts(region, world(), n, bf16), 0, n, bf16, out.as<uint8_t>());
 }
 
 // Peer reduce as rf_peer_reduce does it, through the windows: my input into my buffer at 0, an enter
@@ -79,32 +71,21 @@ void HostBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf
   for (int p = 0; p < W; ++p)
     if (p != rank() && wait_entered(p, seq) != tag) refused = p;
   if (refused < 0) {
+    // My slice's sums into my buffer, then from there into every peer's.
     int64_t lo = 0, hi = 0;
     peer_reduce_slice(n, W, rank(), &lo, &hi);
     std::vector<const uint8_t*> parts;
-    std::vector<uint8_t*> dst;
-    for (int q = 0; q < W; ++q) {
-      uint8_t* b = q == rank() ? buffer() : peer_buffer(q);
-      parts.push_back(b);
-      dst.push_back(b + sums);
-    }
-    for (int64_t i = lo; i < hi; ++i) {
-      float acc = 0.0f;
-      for (int q = 0; q < W; ++q)  // rank order, as the kernels
-        acc += bf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(parts[size_t(q)])[i]) : reinterpret_cast<const float*>(parts[size_t(q)])[i];
-      for (int q = 0; q < W; ++q) {
-        if (bf16) reinterpret_cast<uint16_t*>(dst[size_t(q)])[i] = float_to_bf16(acc);
-        else reinterpret_cast<float*>(dst[size_t(q)])[i] = acc;
-      }
-    }
+    for (int q = 0; q < W; ++q) parts.push_back(q == rank() ? buffer() : peer_buffer(q));
+    sum_in_rank_order(parts, lo, hi, bf16, buffer() + sums);
+    for (int q = 0; q < W; ++q)
+      if (q != rank()) std::memcpy(peer_buffer(q) + sums + lo * elem, buffer() + sums + lo * elem, size_t((hi - lo) * elem));
     c_.traffic.up((hi - lo) * elem * (W - 1));
   }
   signal_all(c_.ws.done, seq);
   wait_all(c_.ws.done, seq, kPhasePeerReduce, "done");
-  RF_CHECK(refused < 0, "EINVAL",
-           "input: rank " + std::to_string(refused) + " reduces another element count or dtype than rank " + std::to_string(rank()) +
-               " (" + std::to_string(n) + (bf16 ? " bf16" : " fp32") + " elements) in op #" + std::to_string(seq) +
-               ": every rank must pass the same shape and dtype (nothing moved)");
+  if (refused >= 0)
+    throw peer_shape_error(refused, rank(), "(" + std::to_string(n) + (bf16 ? " bf16" : " fp32") + " elements) in op #" + std::to_string(seq) +
+                                                ": every rank must pass the same shape and dtype (nothing moved)");
   std::memcpy(out.ptr, buffer() + sums, size_t(bytes));
 }
 

@@ -2,27 +2,13 @@
 // of every rank's n fp32 or bf16 elements, on every rank (in == out: in place). Within a node it is
 // the backend's peer reduce; across nodes it is composed here from the backend's allGather (of the
 // shapes, then of the data) and the same sums on the CPU, so every rank gets the same bits either way.
-#include <cstring>
 #include <vector>
 
 #include "../ops.hpp"
+#include "../peer_reduce.hpp"
 
 namespace rankflow::ops {
 namespace {
-
-// out[i] = sum over ranks q, in rank order, of part q's element i: the kernels' arithmetic.
-void sum_parts(const uint8_t* parts, int world, int64_t n, bool bf16, uint8_t* out) {
-  const int64_t part = n * (bf16 ? 2 : 4);
-  for (int64_t i = 0; i < n; ++i) {
-    float acc = 0.0f;
-    for (int q = 0; q < world; ++q) {
-      const uint8_t* p = parts + int64_t(q) * part;
-      acc += bf16 ? bf16_to_float(reinterpret_cast<const uint16_t*>(p)[i]) : reinterpret_cast<const float*>(p)[i];
-    }
-    if (bf16) reinterpret_cast<uint16_t*>(out)[i] = float_to_bf16(acc);
-    else reinterpret_cast<float*>(out)[i] = acc;
-  }
-}
 
 void across_nodes(Context& c, Mem in, Mem out, int64_t n, bool bf16) {
   const int W = c.world();
@@ -32,12 +18,12 @@ void across_nodes(Context& c, Mem in, Mem out, int64_t n, bool bf16) {
   std::vector<uint64_t> tags(static_cast<size_t>(W));
   c.backend().all_gather(c.next_seq(), Mem{&tag, false}, 8, Mem{tags.data(), false});
   for (int q = 0; q < W; ++q)
-    RF_CHECK(tags[size_t(q)] == tag, "EINVAL",
-             "input: rank " + std::to_string(q) + " reduces another element count or dtype than rank " + std::to_string(c.rank()) +
-                 " (" + std::to_string(n) + (bf16 ? " bf16" : " fp32") + " elements): every rank must pass the same shape and dtype (nothing moved)");
+    if (tags[size_t(q)] != tag)
+      throw peer_shape_error(q, c.rank(), "(" + std::to_string(n) + (bf16 ? " bf16" : " fp32") +
+                                             " elements): every rank must pass the same shape and dtype (nothing moved)");
   std::vector<uint8_t> parts(static_cast<size_t>(bytes * W)), sums(static_cast<size_t>(bytes));
   c.backend().all_gather(c.next_seq(), in, bytes, Mem{parts.data(), false});
-  sum_parts(parts.data(), W, n, bf16, out.device ? sums.data() : out.as<uint8_t>());
+  sum_in_rank_order(consecutive_parts(parts.data(), W, n, bf16), 0, n, bf16, out.device ? sums.data() : out.as<uint8_t>());
   if (out.device && bytes > 0) c.device("allReduce of device tensors").upload(uint64_t(reinterpret_cast<uintptr_t>(out.ptr)), sums.data(), bytes);
 }
 
