@@ -1,12 +1,13 @@
 // allReduce (API.md "All-reduce") on the host backend, in driver mode and in rank programs, against a
-// reference summed plainly here: rank order, fp32 accumulation (Math.fround after every add: exact
-// for fp32, since double has more than twice float's precision), bf16 rounded to nearest even at
-// the end. The data cancel (big values and the small ones they swallow), so a sum in any other order,
+// reference summed plainly (test/helpers/agrs-reference.ts): rank order, fp32 accumulation
+// (Math.fround after every add: exact for fp32, since double has more than twice float's precision),
+// bf16 rounded to nearest even at the end. The data cancel (big values and the small ones they swallow), so a sum in any other order,
 // or a slice summed twice, comes out different; every rank must get the same bits. Across simulated
 // nodes, test/scaleout.test.ts runs it (runAgrsCases) against a one-node group.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 
-import { bf16ToFloat, createGroup, floatToBf16, tensor, type Group, type Tensor } from '../actors/index.js';
+import { createGroup, floatToBf16, tensor, type Group, type Tensor } from '../actors/index.js';
+import { referenceAllReduce } from './helpers/agrs-reference.js';
 import type { TransitionEvent } from '../workers/protocol.js';
 import { prng } from './helpers/moe-reference.js';
 
@@ -36,16 +37,8 @@ function inputsOf(W: number, n: number, dtype: 'fp32' | 'bf16', seed: number): P
   });
 }
 
-/** The sums in the order `ranks` gives (rank order for the reference). */
-function sums(parts: Tensor[], ranks: number[]): number[] {
-  const bf16 = parts[0]!.dtype === 'bf16';
-  const n = parts[0]!.data.length;
-  return Array.from({ length: n }, (_, i) => {
-    let acc = 0;
-    for (const q of ranks) acc = Math.fround(acc + (bf16 ? bf16ToFloat(parts[q]!.data[i] as number) : (parts[q]!.data[i] as number)));
-    return bf16 ? floatToBf16(acc) : acc;
-  });
-}
+/** The sums in the order `ranks` gives (rank order for the reference), as plain numbers (bf16: bits). */
+const sums = (parts: Part[], ranks: number[]): number[] => Array.from(referenceAllReduce(parts, ranks).data);
 const rankOrder = (W: number): number[] => Array.from({ length: W }, (_, q) => q);
 
 describe.each([2, 3, 4])('allReduce in driver mode, %i ranks on host', (W) => {

@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MiB, createGroup, engramSizeHint, layouts, range, requireGpu, tensor, toBf16 } from './helpers.mjs';
+import { MiB, cudaGroup, engramSizeHint, hostGroup, layouts, range, requireGpu, tensor, toBf16 } from './helpers.mjs';
 import { randomTensor, referenceAllGather, referenceReduceScatter } from '../../dist/test/helpers/agrs-reference.js';
 import { prng, randInt } from '../../dist/test/helpers/moe-reference.js';
 
@@ -50,8 +50,8 @@ for (const layout of layouts([2, 4])) {
   describe(`AGRS views and async ops on cuda: ${layout.name}`, () => {
     let gpu, host;
     before(async () => {
-      gpu = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: BUFFER });
-      host = await createGroup({ backend: 'host', ranks: W, buffer: BUFFER });
+      gpu = await cudaGroup(layout, { buffer: BUFFER });
+      host = await hostGroup(layout, { buffer: BUFFER });
     });
     after(async () => {
       await gpu?.destroy();

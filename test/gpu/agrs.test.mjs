@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MiB, bytesOfTensor, createGroup, layouts, pattern, range, recordPaths, requireGpu, tensor } from './helpers.mjs';
+import { MiB, bytesOfTensor, createGroup, cudaGroup, hostGroup, layouts, pattern, range, recordPaths, requireGpu, tensor } from './helpers.mjs';
 
 const BUFFER = { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 4, bytes: 64 * MiB };
 
@@ -69,8 +69,8 @@ for (const layout of layouts([2, 4])) {
   describe(`AGRS sessions on cuda: ${layout.name}`, () => {
     let gpu, host;
     before(async () => {
-      gpu = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: BUFFER });
-      host = await createGroup({ backend: 'host', ranks: W, buffer: BUFFER });
+      gpu = await cudaGroup(layout, { buffer: BUFFER });
+      host = await hostGroup(layout, { buffer: BUFFER });
     });
     after(async () => {
       await gpu?.destroy();
@@ -170,8 +170,8 @@ for (const layout of layouts([2, 4])) {
 
   describe(`pipeline send/recv on cuda: ${layout.name}`, () => {
     test('ppExchange of several sizes and dtypes: out[r] = in[r - 1], equal to the host group; each rank passes pipeline -> ready', async () => {
-      const gpu = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: BUFFER });
-      const host = await createGroup({ backend: 'host', ranks: W, buffer: BUFFER });
+      const gpu = await cudaGroup(layout, { buffer: BUFFER });
+      const host = await hostGroup(layout, { buffer: BUFFER });
       try {
         const paths = recordPaths(gpu);
         await ppRounds(gpu, host);

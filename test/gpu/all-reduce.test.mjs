@@ -1,12 +1,13 @@
 // allReduce on cuda, 2 and 4 ranks sharing GPU 0, byte for byte against a host group given the same
 // inputs (the host executor: the same rank order and fp32 accumulation) and against the sums computed
-// plainly here. The data cancel (2^30 and -2^30 on two ranks, small values the partial sums swallow),
+// plainly (test/helpers/agrs-reference.ts). The data cancel (2^30 and -2^30 on two ranks, small values the partial sums swallow),
 // so a sum in another order differs. Driver mode stages host tensors through the window; rank
 // programs' device tensors are read and written where they lie, in place too, and captured in a graph.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MiB, bf16ToFloat, bytesOfTensor, createGroup, floatToBf16, layouts, range, requireGpu, tensor } from './helpers.mjs';
+import { MiB, bytesOfTensor, cudaGroup, floatToBf16, hostGroup, layouts, range, requireGpu, tensor } from './helpers.mjs';
+import { referenceAllReduce } from '../../dist/test/helpers/agrs-reference.js';
 
 const BUFFER = { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 4, bytes: 16 * MiB };
 const program = new URL('./programs/all-reduce.mjs', import.meta.url);
@@ -28,17 +29,7 @@ function inputs(W, dtype, n, seed) {
 }
 
 /** The rank-order sums, as bytes. */
-function reference(parts) {
-  const bf16 = parts[0].dtype === 'bf16';
-  const n = parts[0].data.length;
-  const out = bf16 ? new Uint16Array(n) : new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    let acc = 0;
-    for (const p of parts) acc = Math.fround(acc + (bf16 ? bf16ToFloat(p.data[i]) : p.data[i]));
-    out[i] = bf16 ? floatToBf16(acc) : acc;
-  }
-  return Buffer.from(out.buffer);
-}
+const reference = (parts) => Buffer.from(bytesOfTensor(referenceAllReduce(parts)));
 
 const CASES = [['fp32', 37], ['fp32', 4099], ['fp32', 300_001], ['bf16', 5], ['bf16', 65_536], ['bf16', 1_000_003]];
 
@@ -47,8 +38,8 @@ for (const layout of layouts([2, 4])) {
   describe(`allReduce, ${layout.name}`, () => {
     let gpu, host;
     before(async () => {
-      gpu = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: BUFFER });
-      host = await createGroup({ backend: 'host', ranks: W, buffer: BUFFER });
+      gpu = await cudaGroup(layout, { buffer: BUFFER });
+      host = await hostGroup(layout, { buffer: BUFFER });
     });
     after(async () => {
       await gpu?.destroy();

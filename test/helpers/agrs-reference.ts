@@ -1,6 +1,7 @@
 /**
  * Naive references for AGRS collectives: allGather concatenates in rank order; reduceScatter sums
- * in fp32, rank by rank (Math.fround at every step), and rounds bf16 results once (RNE).
+ * in fp32, rank by rank (Math.fround at every step), and rounds bf16 results once (RNE); allReduce
+ * is the same sums over whole tensors.
  */
 import { fromBf16, tensor, toBf16, type Tensor } from '../../actors/index.js';
 import { randInt } from './moe-reference.js';
@@ -20,18 +21,30 @@ export function referenceAllGather(inputs: Tensor[]): Tensor {
     return tensor(first!.dtype, [inputs.length * first!.shape[0]!, ...first!.shape.slice(1)], data as never);
 }
 
+/** Element-wise fp32 sums of values[q][from + i], i < n, over q in `order` (rank order by default), Math.fround at every step. */
+function sumsInOrder(values: ArrayLike<number>[], from: number, n: number, order: readonly number[] = values.map((_, q) => q)): Float32Array {
+    const acc = new Float32Array(n);
+    for (let i = 0; i < n; i++) {
+        let s = 0;
+        for (const q of order) s = Math.fround(s + values[q]![from + i]!);
+        acc[i] = s;
+    }
+    return acc;
+}
+
+const valuesOf = (t: Tensor): ArrayLike<number> => (t.dtype === 'bf16' ? fromBf16(t.data as Uint16Array) : (t.data as Float32Array));
+const rounded = (dtype: string, shape: number[], acc: Float32Array): Tensor => (dtype === 'bf16' ? tensor('bf16', shape, toBf16(acc)) : tensor('fp32', shape, acc));
+
 /** reduceScatter reference: rank r gets, per element of rows [r*n, (r+1)*n), the fp32 sum over ranks q in order. */
 export function referenceReduceScatter(inputs: Tensor[], r: number): Tensor {
     const W = inputs.length;
     const { dtype, shape } = inputs[0]!;
-    const values = inputs.map((t) => (dtype === 'bf16' ? fromBf16(t.data as Uint16Array) : (t.data as Float32Array)));
-    const chunk = values[0]!.length / W;
-    const acc = new Float32Array(chunk);
-    for (let i = 0; i < chunk; i++) {
-        let s = 0;
-        for (let q = 0; q < W; q++) s = Math.fround(s + values[q]![r * chunk + i]!);
-        acc[i] = s;
-    }
-    const outShape = [shape[0]! / W, ...shape.slice(1)];
-    return dtype === 'bf16' ? tensor('bf16', outShape, toBf16(acc)) : tensor('fp32', outShape, acc);
+    const chunk = inputs[0]!.data.length / W;
+    return rounded(dtype, [shape[0]! / W, ...shape.slice(1)], sumsInOrder(inputs.map(valuesOf), r * chunk, chunk));
+}
+
+/** allReduce reference: the ranks' tensors summed element by element in rank order (or in `order`), bf16 rounded once. */
+export function referenceAllReduce(inputs: Tensor[], order?: readonly number[]): Tensor {
+    const { dtype, shape, data } = inputs[0]!;
+    return rounded(dtype, shape, sumsInOrder(inputs.map(valuesOf), 0, data.length, order));
 }
