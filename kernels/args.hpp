@@ -104,6 +104,7 @@ struct PeerReduceArgs {
   uint64_t tag = 0;
   uint32_t window = 0;
   int32_t bf16 = 0;
+  int32_t local = 0;  // every rank is a stream of this GPU (ranks sharing it): GPU-scope ordering
 };
 
 // engram: row g of the global table = row g % entries of rank g / entries's host segment.

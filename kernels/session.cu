@@ -12,7 +12,8 @@
 //               publishes each rank's input and output addresses, rank r sums slice r of every
 //               rank's input straight from where it lies and stores the sums into every rank's
 //               output, then a done round. Each element is read W times and written W times in all,
-//               by one rank: in place (in == out) is safe.
+//               by one rank: in place (in == out) is safe. Ranks sharing one GPU (args.local) order
+//               their signals at GPU scope (common.cuh Scope).
 // Rings (kargs::Ring): allGather: 1, W-1 both; reduce-scatter: destinations 0, W (me included);
 // pipeline: 1, 1 (next rank / previous rank).
 #include "common.cuh"
@@ -253,9 +254,9 @@ __device__ void reduce_slice(const uint8_t* const* src, uint8_t* const* dst, int
   reduce_elements<kBf16>(src, dst, world, rank, hi / kLanes * kLanes, hi);
 }
 
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(512) rf_peer_reduce(const PeerReduceArgs args) {
+// The peer reduce at scope S (the kernel picks it from args.local).
+template <Scope S>
+__device__ __forceinline__ void peer_reduce(const PeerReduceArgs& args) {
   const RankArgs& a = args.r;
   const int world = a.world, rank = a.rank;
   const uint64_t seq = op_seq(a);
@@ -269,20 +270,21 @@ extern "C" __global__ void __launch_bounds__(512) rf_peer_reduce(const PeerReduc
   // 1. enter: block 0 publishes my addresses with my enter in every rank's slot of mine (after what
   // the stream wrote before, e.g. a staged input), every block reads everyone's.
   if (blockIdx.x == 0 && !gave_up(a.arrivals)) {
-    __threadfence_system();
+    if constexpr (S == Scope::Sys) __threadfence_system();
+    else __threadfence();
     for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) {
       uint64_t* s = slot_at(peers[p], a.ws, a.ws.enter, rank);
       st_relaxed_sys(s + kSignalAddrWord, uint64_t(reinterpret_cast<uintptr_t>(args.in)));
       st_relaxed_sys(s + kSignalAddrWord + 1, uint64_t(reinterpret_cast<uintptr_t>(args.out)));
       st_relaxed_sys(s + kSignalAddrWord + 2, uint64_t(args.window));
-      signal(s, seq, 0, args.tag);
+      signal<S>(s, seq, 0, args.tag);
     }
   }
   bool ok = true;
   for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) {
     const uint64_t* s = slot_at(peers[rank], a.ws, a.ws.enter, p);
     uint64_t tag = 0;
-    if (!wait_signal(s, seq, a, kPhaseEnter, p, nullptr, &tag)) {
+    if (!wait_signal<S>(s, seq, a, kPhaseEnter, p, nullptr, &tag)) {
       ok = false;
       continue;
     }
@@ -305,8 +307,15 @@ extern "C" __global__ void __launch_bounds__(512) rf_peer_reduce(const PeerReduc
   }
 
   // 3. done: my sums are in every output; after everyone's, mine holds all of them and nobody reads my input.
-  if (!last_block_arrived(a.arrivals) || gave_up(a.arrivals)) return;
-  for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) signal(slot_at(peers[p], a.ws, a.ws.done, rank), seq);
+  if (!last_block_arrived<S>(a.arrivals) || gave_up(a.arrivals)) return;
+  for (int p = int(threadIdx.x); p < world; p += int(blockDim.x)) signal<S>(slot_at(peers[p], a.ws, a.ws.done, rank), seq);
   for (int p = int(threadIdx.x); p < world; p += int(blockDim.x))
-    wait_signal(slot_at(peers[rank], a.ws, a.ws.done, p), seq, a, kPhasePeerReduce, p);
+    wait_signal<S>(slot_at(peers[rank], a.ws, a.ws.done, p), seq, a, kPhasePeerReduce, p);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(512) rf_peer_reduce(const PeerReduceArgs args) {
+  if (args.local != 0) peer_reduce<Scope::Gpu>(args);
+  else peer_reduce<Scope::Sys>(args);
 }

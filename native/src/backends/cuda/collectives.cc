@@ -76,6 +76,7 @@ void CudaBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf
   a.in = in_direct ? in.ptr : reinterpret_cast<const void*>(uintptr_t(staged));
   a.out = out_direct ? out.ptr : reinterpret_cast<void*>(uintptr_t(sums));
   a.window = (in_direct ? 0u : 1u) | (out_direct ? 0u : 2u);
+  a.local = shared ? 1 : 0;  // every signal, window and tensor is this GPU's memory: GPU-scope ordering
   a.n = n;
   a.bf16 = bf16 ? 1 : 0;
   a.tag = peer_reduce_tag(n, bf16);
