@@ -8,7 +8,6 @@
 namespace rankflow::host {
 
 void HostBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
-  if (two_level()) return two_level_session_signal(enter_seq, value, phase);
   if (enter_seq != 0) {
     // The buffer may still hold data a slow peer reads for the previous op: wait until all entered.
     announce(enter_seq);
@@ -19,9 +18,7 @@ void HostBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase
 }
 
 void HostBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
-  const uint8_t* src = host_ptr(in, "allGather input");
-  RF_CHECK(!out.device, "EINVAL", "allGather output: device tensors need backend 'cuda'");
-  if (two_level()) return two_level_all_gather(seq, src, bytes, at, false, kPhaseSessionGather, out.as<uint8_t>());
+  const uint8_t* src = host_io(in, out, "allGather");
   const int64_t mine = at + int64_t(rank()) * bytes;
   std::memcpy(buffer() + mine, src, size_t(bytes));
   for (int i = 1; i < world(); ++i) {
@@ -35,9 +32,7 @@ void HostBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
 }
 
 void HostBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) {
-  const uint8_t* src = host_ptr(in, "reduceScatter input");
-  RF_CHECK(!out.device, "EINVAL", "reduceScatter output: device tensors need backend 'cuda'");
-  if (two_level()) return two_level_reduce_scatter(seq, src, n, bf16, at, out);
+  const uint8_t* src = host_io(in, out, "reduceScatter");
   const int64_t chunk = n * (bf16 ? 2 : 4);
   // Chunk q of my input goes to rank q, at my rank's slot of its region.
   for (int i = 0; i < world(); ++i) {
@@ -91,7 +86,6 @@ void HostBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf
 
 void HostBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
   const uint8_t* src = host_ptr(table, "engram table");
-  if (two_level()) return two_level_engram_write(seq, src, bytes);
   // Peers may still be fetching from the previous table: overwrite only once all of them moved on.
   announce(seq);
   for (int p = 0; p < world(); ++p) wait_entered(p, seq);
@@ -111,13 +105,11 @@ void HostBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_
 }
 
 void HostBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
-  const uint8_t* src = host_ptr(in, "ppExchange input");
-  RF_CHECK(!out.device, "EINVAL", "ppExchange output: device tensors need backend 'cuda'");
+  const uint8_t* src = host_io(in, out, "ppExchange");
   if (world() == 1) {
     std::memcpy(out.ptr, src, size_t(bytes));
     return;
   }
-  if (two_level()) return two_level_pp_exchange(seq, src, bytes, out.as<uint8_t>());
   const int next = (rank() + 1) % world(), prev = (rank() + world() - 1) % world();
   // Only the previous rank writes into my buffer: tell it, and only wait for my next rank.
   signal(peer_slot(prev, c_.ws.enter), seq);

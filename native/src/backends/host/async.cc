@@ -3,7 +3,7 @@
 // every peer's region (into none of mine when the input is in place: my slot already holds it) and
 // the done signals; complete() waits for the peers' done and, for a reduceScatter, sums the arrived
 // chunks in place, at the start of the region. So the peers' writes land while the rank goes on.
-// Across nodes a collective runs whole at issue instead (two_level_agrs_issue), complete() returns.
+// Across nodes a collective runs whole at issue instead (HostTwoLevel::agrs_issue), complete() returns.
 // A fetch involves no peer, only copies out of the mapped host segments: for it to overlap with the
 // rank's work it must run on another thread (done eagerly, wait() would only return), so it runs on
 // the rank's fetch thread (runtime/executor.hpp), and complete() waits for its flag.
@@ -25,7 +25,6 @@ struct FetchState final : AsyncState {
 
 void HostBackend::agrs_issue(AgrsOp& op) {
   const uint8_t* src = host_ptr(op.in, op.reduce ? "reduceScatter input" : "allGather input");
-  if (two_level()) return two_level_agrs_issue(op, src);
   const int W = world();
   if (!op.reduce) {
     const int64_t mine = op.at + int64_t(rank()) * op.bytes;
@@ -49,7 +48,6 @@ void HostBackend::agrs_issue(AgrsOp& op) {
 }
 
 void HostBackend::agrs_complete(AgrsOp& op) {
-  if (two_level()) return;  // it ran whole at issue (two_level.cc)
   wait_all(c_.ws.done, op.seq, op.reduce ? kPhaseSessionReduce : kPhaseSessionGather, "done", WaitKind::Device, op.seq);
   if (!op.reduce) return;
   // The sum of element i over ranks in rank order (as the CUDA kernel), written over part 0's

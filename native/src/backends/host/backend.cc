@@ -3,9 +3,15 @@
 
 #include <cstring>
 
+#include "two_level.hpp"
+
 namespace rankflow {
 
-std::unique_ptr<Backend> make_host_backend(Context& c) { return std::make_unique<host::HostBackend>(c); }
+// A world of one node runs the node's protocol; one of several nodes, the two-level layer over it.
+std::unique_ptr<Backend> make_host_backend(Context& c) {
+  if (c.nodes.two_level()) return std::make_unique<host::HostTwoLevel>(c);
+  return std::make_unique<host::HostBackend>(c);
+}
 
 namespace host {
 
@@ -15,49 +21,23 @@ HostBackend::HostBackend(Context& c) : c_(c) {
   c.rules.device_is_cpu = true;
   mem_.create(c.rank(), c.world(), c.sym_bytes, c.cpu_bytes, choose_memory_kind(c.cpu_bytes, c.cfg.hybrid),
               c.dom.num_scaleup_ranks);
-  if (two_level()) rails_ = std::make_unique<Rails>(c);
 }
 
 void HostBackend::destroy() noexcept {
   fetcher_.reset();  // runs the fetches still queued (they read the mapped segments), then joins
-  if (rails_) rails_->close();
   mem_.destroy();
 }
 
-void HostBackend::check_alive(const char* op) const {
-  if (rails_) rails_->check_alive(op);
+int HostBackend::scaleout_listen(const std::string&) {
+  throw Error("EINVAL", "scale-out: this rank's world has one node (no scale-out leg to open)");
 }
 
-// Across nodes a released op may have left part of a frame in a scale-out connection (the next op
-// would read it as its own): after a release the rank cannot go on there, on every rank alike.
-void HostBackend::recover() {
-  check_alive("recover");
-  if (rails_ && c_.abort.released_above() != 0) {
-    rails_->close();
-    throw Error("RANK_FAILED",
-                "rank " + std::to_string(rank()) + " cannot be put back in step after a released run: its world's nodes share no "
-                "memory, and a released op may have left part of a frame in a scale-out connection; make the group again",
-                rank());
-  }
-}
-
-int HostBackend::scaleout_listen(const std::string& host) {
-  RF_CHECK(rails_, "EINVAL", "scale-out: this rank's world has one node (no scale-out leg to open)");
-  return rails_->listen(host);
-}
-
-void HostBackend::scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s) {
-  RF_CHECK(rails_, "EINVAL", "scale-out: this rank's world has one node (no scale-out leg to connect)");
-  rails_->connect(ends, key, timeout_s);
+void HostBackend::scaleout_connect(const std::vector<ScaleoutEndpoint>&, const RailKey&, double) {
+  throw Error("EINVAL", "scale-out: this rank's world has one node (no scale-out leg to connect)");
 }
 
 void HostBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
-  if (two_level()) {
-    RF_CHECK(rails_->connected(), "STATE", "registerWindow: the scale-out connections must be made first (scaleoutConnect)");
-    mem_.import_peers(peers, c_.nodes.first_local(), c_.nodes.ranks_per_node);
-  } else {
-    mem_.import_peers(peers);
-  }
+  mem_.import_peers(peers);
   barrier(seq, false, true);
 }
 
@@ -83,6 +63,12 @@ uint64_t HostBackend::write_peer(int peer, int64_t offset, const uint8_t* src, i
 const uint8_t* HostBackend::host_ptr(Mem r, const char* what) {
   RF_CHECK(!r.device, "EINVAL", std::string(what) + ": device tensors need backend 'cuda'");
   return r.as<const uint8_t>();
+}
+
+const uint8_t* HostBackend::host_io(Mem in, Mem out, const char* op) {
+  const uint8_t* src = host_ptr(in, (std::string(op) + " input").c_str());
+  RF_CHECK(!out.device, "EINVAL", std::string(op) + " output: device tensors need backend 'cuda'");
+  return src;
 }
 
 void HostBackend::signal_all(int64_t array, uint64_t seq, bool include_self) {
@@ -116,7 +102,6 @@ uint64_t HostBackend::wait_entered(int p, uint64_t seq, Phase phase) const {
 }
 
 void HostBackend::barrier(uint64_t seq, bool cpu_round, bool) {
-  if (two_level()) return two_level_barrier(seq, cpu_round);
   signal_all(c_.ws.barrier, seq);
   wait_all(c_.ws.barrier, seq, kPhaseBarrier, "barrier");
   if (!cpu_round) return;
@@ -126,9 +111,7 @@ void HostBackend::barrier(uint64_t seq, bool cpu_round, bool) {
 }
 
 void HostBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
-  const uint8_t* src = host_ptr(in, "allGather input");
-  RF_CHECK(!out.device, "EINVAL", "allGather output: device tensors need backend 'cuda'");
-  if (two_level()) return two_level_all_gather(seq, src, bytes, 0, true, kPhaseAllGather, out.as<uint8_t>());
+  const uint8_t* src = host_io(in, out, "allGather");
   announce(seq);
   const int64_t at = int64_t(rank()) * bytes;
   std::memcpy(buffer() + at, src, size_t(bytes));

@@ -4,10 +4,9 @@
 // device phase's wait times out with TIMEOUT_GPU, a CPU-sync wait with TIMEOUT_CPU). Ops run on the
 // rank's own thread. backend.cc: lifecycle and the small collectives; moe.cc: dispatch and combine;
 // agrs.cc: sessions, engram and pipeline; async.cc: asynchronous AGRS and engram fetches (these on an
-// executor thread of the rank's own). In a world whose nodes share no memory (scale_out), each op
-// runs in two levels instead: inside the node as above, across nodes over the rank's rail
-// connections (rail.cc, rail_connect.cc): two_level.cc (barrier, allGather, sessions, engram,
-// pipeline), two_level_moe.cc (dispatch) and two_level_combine.cc.
+// executor thread of the rank's own). This class is the protocol of one node: it never asks how many
+// nodes there are. A world whose nodes share no memory (scale_out) gets HostTwoLevel (two_level.hpp)
+// instead, the layer over it that runs each op in two levels.
 #pragma once
 
 #include <memory>
@@ -63,7 +62,7 @@ struct HostLayout final : LayoutState {
   std::vector<float> recv_topk_weights;      // [num_recv * K]
 };
 
-class HostBackend final : public Backend {
+class HostBackend : public Backend {
  public:
   explicit HostBackend(Context& c);
   ~HostBackend() override { destroy(); }
@@ -74,8 +73,6 @@ class HostBackend final : public Backend {
   void read_window(int64_t offset, int64_t len, uint8_t* out) override;
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
-  void check_alive(const char* op) const override;
-  void recover() override;
   int scaleout_listen(const std::string& host) override;
   void scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s) override;
 
@@ -98,7 +95,7 @@ class HostBackend final : public Backend {
   void engram_fetch_issue(FetchOp& op) override;
   void engram_fetch_complete(FetchOp& op) override;
 
- private:
+ protected:
   int rank() const { return c_.rank(); }
   int world() const { return c_.world(); }
   uint8_t* workspace() const { return mem_.window(); }
@@ -118,40 +115,23 @@ class HostBackend final : public Backend {
   // Waits for peer p's enter of op seq; its tag.
   uint64_t wait_entered(int p, uint64_t seq, Phase phase = kPhaseEnter) const;
   static const uint8_t* host_ptr(Mem r, const char* what);
+  // A collective's input and output as host memory (EINVAL naming `op` otherwise): the input.
+  static const uint8_t* host_io(Mem in, Mem out, const char* op);
+  // What both levels do first. dispatch_notify: the routing into l.state, the counts per expert;
+  // adopt_routing: the origin's; dispatch_data: the inputs checked, new weights taken; combine: its sources.
+  void begin_notify(DispatchLayout& l, const DispatchInput& in, std::vector<int64_t>& expert_counts) const;
+  static void begin_adopt(DispatchLayout& l, const DispatchLayout& from);
+  void begin_dispatch_data(DispatchLayout& l, const DispatchInput& in, const DispatchOutput& out) const;
+  static CombineSources combine_sources(const DispatchLayout& l, const CombineInput& in, const CombineOutput& out);
 
   // dispatch steps shared by both levels (moe.cc)
   std::shared_ptr<Routing> make_routing(const DispatchInput& in, std::vector<int64_t>& expert_counts) const;
   void compact_dispatch(DispatchLayout& l, HostLayout& st, DispatchOutput& out, int64_t row);
   void reduce_region(const uint8_t* region, int64_t n, bool bf16, Mem out) const;
 
-  // ---- two levels (scale_out with more than one node) ----
-  bool two_level() const { return c_.nodes.two_level(); }
-  int local_rank(int j) const { return c_.nodes.rank_of(c_.nodes.node, j); }
-  // The intra-node halves of signal_all / wait_all / announce.
-  void signal_locals(int64_t array, uint64_t seq);
-  void wait_locals(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind = WaitKind::Device) const;
-  void announce_locals(uint64_t seq, uint64_t tag = 0);
-  // An empty frame to and from every rail peer: after it, every node has passed what came before.
-  void rail_sync(uint64_t seq, Phase phase, WaitKind kind);
-  // two_level.cc
-  void two_level_barrier(uint64_t seq, bool cpu_round);
-  void two_level_all_gather(uint64_t seq, const uint8_t* src, int64_t bytes, int64_t at, bool enter, Phase phase, uint8_t* out);
-  void two_level_session_signal(uint64_t enter_seq, uint64_t value, Phase phase);
-  void two_level_reduce_scatter(uint64_t seq, const uint8_t* src, int64_t n, bool bf16, int64_t at, Mem out);
-  void two_level_engram_write(uint64_t seq, const uint8_t* src, int64_t bytes);
-  // An async session collective across nodes, run whole at issue: its result in its region.
-  void two_level_agrs_issue(const AgrsOp& op, const uint8_t* src);
-  void two_level_pp_exchange(uint64_t seq, const uint8_t* src, int64_t bytes, uint8_t* out);
-  // two_level_moe.cc, two_level_combine.cc
-  void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in, const std::vector<int64_t>& expert_counts);
-  void exchange_records(uint64_t seq, Phase phase, DispatchLayout& l, const DispatchInput& in, bool forward_counts);
-  void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
-  void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineSources& in, const CombineOutput& out);
-
   Context& c_;
   HostSymmetricMemory mem_;
   std::unique_ptr<Executor> fetcher_;  // async engram fetches, made at the first one; stopped before mem_ goes
-  std::unique_ptr<Rails> rails_;  // two levels: the scale-out leg
 };
 
 }  // namespace rankflow::host

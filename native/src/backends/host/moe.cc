@@ -54,17 +54,22 @@ std::shared_ptr<Routing> HostBackend::make_routing(const DispatchInput& in, std:
   return routing;
 }
 
-void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
-  const int64_t K = c_.cfg.ep.topk, epr = c_.experts_per_rank(), T = in.num_tokens;
-  const int W = world();
-  std::vector<int64_t> expert_counts;
+void HostBackend::begin_notify(DispatchLayout& l, const DispatchInput& in, std::vector<int64_t>& expert_counts) const {
+  const int64_t K = c_.cfg.ep.topk, T = in.num_tokens;
   auto routing = make_routing(in, expert_counts);
   const auto* w = reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"));
   auto st = std::make_unique<HostLayout>();
   st->routing = routing;
   st->topk_weights.assign(w, w + T * K);
   l.state = std::move(st);
-  if (two_level()) return two_level_notify(seq, l, in, expert_counts);
+}
+
+void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
+  const int64_t epr = c_.experts_per_rank();
+  const int W = world();
+  std::vector<int64_t> expert_counts;
+  begin_notify(l, in, expert_counts);
+  const Routing* routing = state_of(l).routing.get();
   for (int p = 0; p < W; ++p) {
     uint8_t* peer_ws = mem_.peer_window(p);
     for (int64_t e = 0; e < epr; ++e)
@@ -75,13 +80,16 @@ void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
   announce(seq, l.fingerprint);
 }
 
-void HostBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+void HostBackend::begin_adopt(DispatchLayout& l, const DispatchLayout& from) {
   const auto& origin = static_cast<const HostLayout&>(*from.state);
   auto st = std::make_unique<HostLayout>();
   st->routing = origin.routing;
   st->topk_weights = origin.topk_weights;  // replaced in dispatch_data when new weights are given
   l.state = std::move(st);
-  if (two_level()) return announce_locals(l.seq, l.fingerprint);
+}
+
+void HostBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+  begin_adopt(l, from);
   announce(l.seq, l.fingerprint);
 }
 
@@ -110,20 +118,25 @@ bool HostBackend::dispatch_counts(DispatchLayout& l, bool block) {
   return true;
 }
 
-void HostBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
+void HostBackend::begin_dispatch_data(DispatchLayout& l, const DispatchInput& in, const DispatchOutput& out) const {
   RF_CHECK(!out.in_buffer, "EINVAL", "outputsInBuffer needs backend 'cuda'");
+  host_ptr(in.x, "x");
+  if (in.scales) host_ptr(in.scales, "scales");
+  if (in.topk_weights) {
+    const auto* w = reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"));
+    state_of(l).topk_weights.assign(w, w + l.num_tokens * c_.cfg.ep.topk);
+  }
+}
+
+void HostBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
+  begin_dispatch_data(l, in, out);
   HostLayout& st = state_of(l);
   const Routing& r = *st.routing;
   const auto& cfg = c_.cfg.ep;
   const int64_t K = cfg.topk, H = cfg.hidden, epr = c_.experts_per_rank(), maxT = cfg.max_tokens_per_rank;
   const int64_t row = H * in.x_elem_bytes, srow = c_.buf.scales_per_token, xstride = c_.buf.x_bytes_per_token;
-  const uint8_t* x = host_ptr(in.x, "x");
-  const auto* scales = reinterpret_cast<const float*>(in.scales ? host_ptr(in.scales, "scales") : nullptr);
-  if (in.topk_weights) {
-    const auto* w = reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights"));
-    st.topk_weights.assign(w, w + l.num_tokens * K);
-  }
-  if (two_level()) return two_level_dispatch_data(seq, l, in, out);
+  const uint8_t* x = in.x.as<const uint8_t>();
+  const auto* scales = in.scales.as<const float>();
   const int W = world();
   const int64_t token_bytes = row + (scales != nullptr ? srow * 4 : 0) + K * 8 + 8;
   int refused = -1;
@@ -203,19 +216,24 @@ void HostBackend::compact_dispatch(DispatchLayout& l, HostLayout& st, DispatchOu
   std::memcpy(st.recv_topk_weights.data(), ow, size_t(l.num_recv * K * 4));
 }
 
-void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
-  const HostLayout& st = state_of(l);
-  const Routing& r = *st.routing;
-  const auto& cfg = c_.cfg.ep;
-  const int64_t K = cfg.topk, H = cfg.hidden, maxT = cfg.max_tokens_per_rank;
-  const int W = world();
+CombineSources HostBackend::combine_sources(const DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
+  const HostLayout& st = static_cast<const HostLayout&>(*l.state);
   CombineSources src{reinterpret_cast<const uint16_t*>(host_ptr(in.x, "x")),
                      in.topk_weights ? reinterpret_cast<const float*>(host_ptr(in.topk_weights, "topkWeights")) : st.recv_topk_weights.data(),
                      {nullptr, nullptr}};
   for (int k = 0; k < 2; ++k)
     if (in.bias[k]) src.bias[k] = reinterpret_cast<const uint16_t*>(host_ptr(in.bias[k], "bias"));
   RF_CHECK(!out.x.device, "EINVAL", "combine outputs: device tensors need backend 'cuda'");
-  if (two_level()) return two_level_combine(seq, l, src, out);
+  return src;
+}
+
+void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
+  const CombineSources src = combine_sources(l, in, out);
+  const HostLayout& st = state_of(l);
+  const Routing& r = *st.routing;
+  const auto& cfg = c_.cfg.ep;
+  const int64_t K = cfg.topk, H = cfg.hidden, maxT = cfg.max_tokens_per_rank;
+  const int W = world();
   const uint16_t* x = src.x;
   const float* weights = src.weights;
   const auto& bias = src.bias;

@@ -16,28 +16,63 @@
 //                    node's first goes over the rail of local index R-1, whose rank there forwards it.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 
 namespace rankflow::host {
 
-void HostBackend::signal_locals(int64_t array, uint64_t seq) {
+HostTwoLevel::HostTwoLevel(Context& c) : HostBackend(c), rails_(std::make_unique<Rails>(c)) {}
+
+void HostTwoLevel::destroy() noexcept {
+  rails_->close();
+  HostBackend::destroy();
+}
+
+void HostTwoLevel::check_alive(const char* op) const { rails_->check_alive(op); }
+
+// A released op may have left part of a frame in a scale-out connection (the next op would read it
+// as its own): after a release the rank cannot go on, on every rank alike.
+void HostTwoLevel::recover() {
+  check_alive("recover");
+  if (c_.abort.released_above() != 0) {
+    rails_->close();
+    throw Error("RANK_FAILED",
+                "rank " + std::to_string(rank()) + " cannot be put back in step after a released run: its world's nodes share no "
+                "memory, and a released op may have left part of a frame in a scale-out connection; make the group again",
+                rank());
+  }
+}
+
+int HostTwoLevel::scaleout_listen(const std::string& host) { return rails_->listen(host); }
+
+void HostTwoLevel::scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s) {
+  rails_->connect(ends, key, timeout_s);
+}
+
+// Only the node's ranks' windows are mapped (the others' memory is on other machines).
+void HostTwoLevel::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
+  RF_CHECK(rails_->connected(), "STATE", "registerWindow: the scale-out connections must be made first (scaleoutConnect)");
+  mem_.import_peers(peers, c_.nodes.first_local(), c_.nodes.ranks_per_node);
+  barrier(seq, false, true);
+}
+
+void HostTwoLevel::signal_locals(int64_t array, uint64_t seq) {
   for (int j = 0; j < c_.nodes.ranks_per_node; ++j)
     if (local_rank(j) != rank()) signal(peer_slot(local_rank(j), array), seq);
 }
 
-void HostBackend::wait_locals(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind) const {
+void HostTwoLevel::wait_locals(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind) const {
   for (int j = 0; j < c_.nodes.ranks_per_node; ++j) {
     const int p = local_rank(j);
     if (p != rank()) wait_slot(my_slot(array, p), seq, WaitSite{phase, p, name}, kind);
   }
 }
 
-void HostBackend::announce_locals(uint64_t seq, uint64_t tag) {
+void HostTwoLevel::announce_locals(uint64_t seq, uint64_t tag) {
   for (int j = 0; j < c_.nodes.ranks_per_node; ++j)
     if (local_rank(j) != rank()) signal(peer_slot(local_rank(j), c_.ws.enter), seq, 0, tag);
 }
 
-void HostBackend::rail_sync(uint64_t seq, Phase phase, WaitKind kind) {
+void HostTwoLevel::rail_sync(uint64_t seq, Phase phase, WaitKind kind) {
   std::vector<RailSend> sends;
   std::vector<RailRecv> recvs;
   for (int k = 0; k < c_.nodes.num_nodes; ++k) {
@@ -48,7 +83,7 @@ void HostBackend::rail_sync(uint64_t seq, Phase phase, WaitKind kind) {
   rails_->exchange(seq, phase, 0, sends, recvs, kind);
 }
 
-void HostBackend::two_level_barrier(uint64_t seq, bool cpu_round) {
+void HostTwoLevel::barrier(uint64_t seq, bool cpu_round, bool) {
   signal_locals(c_.ws.barrier, seq);
   wait_locals(c_.ws.barrier, seq, kPhaseBarrier, "barrier");
   rail_sync(seq, kPhaseBarrier, WaitKind::Device);
@@ -60,8 +95,7 @@ void HostBackend::two_level_barrier(uint64_t seq, bool cpu_round) {
 
 // allGather (enter: outside a session, where the buffer must be free first) and the session's
 // allGather (at: its region; no enter round: every session collective has a fresh region).
-void HostBackend::two_level_all_gather(uint64_t seq, const uint8_t* src, int64_t bytes, int64_t at, bool enter, Phase phase,
-                                       uint8_t* out) {
+void HostTwoLevel::gather(uint64_t seq, const uint8_t* src, int64_t bytes, int64_t at, bool enter, Phase phase, uint8_t* out) {
   const Nodes& nd = c_.nodes;
   if (enter) announce_locals(seq);
   std::vector<RailSend> sends;
@@ -97,12 +131,31 @@ void HostBackend::two_level_all_gather(uint64_t seq, const uint8_t* src, int64_t
   if (out != buffer() + at) std::memcpy(out, buffer() + at, size_t(bytes * world()));
 }
 
-void HostBackend::two_level_agrs_issue(const AgrsOp& op, const uint8_t* src) {
-  if (op.reduce) two_level_reduce_scatter(op.seq, src, op.n, op.bf16, op.at, Mem{buffer() + op.at, false});
-  else two_level_all_gather(op.seq, src, op.bytes, op.at, false, kPhaseSessionGather, buffer() + op.at);
+void HostTwoLevel::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+  gather(seq, host_io(in, out, "allGather"), bytes, 0, true, kPhaseAllGather, out.as<uint8_t>());
 }
 
-void HostBackend::two_level_session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
+void HostTwoLevel::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
+  gather(seq, host_io(in, out, "allGather"), bytes, at, false, kPhaseSessionGather, out.as<uint8_t>());
+}
+
+void HostTwoLevel::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) {
+  reduce_scatter(seq, host_io(in, out, "reduceScatter"), n, bf16, at, out);
+}
+
+void HostTwoLevel::agrs_issue(AgrsOp& op) {
+  const uint8_t* src = host_ptr(op.in, op.reduce ? "reduceScatter input" : "allGather input");
+  if (op.reduce) reduce_scatter(op.seq, src, op.n, op.bf16, op.at, Mem{buffer() + op.at, false});
+  else gather(op.seq, src, op.bytes, op.at, false, kPhaseSessionGather, buffer() + op.at);
+}
+
+void HostTwoLevel::agrs_complete(AgrsOp&) {}
+
+void HostTwoLevel::reduce_peers(uint64_t, Mem, Mem, int64_t, bool) {
+  throw Error("STATE", "peer reduce runs within one node (the runtime composes it across nodes)");
+}
+
+void HostTwoLevel::session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
   if (enter_seq != 0) {
     announce_locals(enter_seq);
     for (int j = 0; j < c_.nodes.ranks_per_node; ++j) wait_entered(local_rank(j), enter_seq, phase);
@@ -113,7 +166,7 @@ void HostBackend::two_level_session_signal(uint64_t enter_seq, uint64_t value, P
   rail_sync(value, phase, WaitKind::Device);
 }
 
-void HostBackend::two_level_reduce_scatter(uint64_t seq, const uint8_t* src, int64_t n, bool bf16, int64_t at, Mem out) {
+void HostTwoLevel::reduce_scatter(uint64_t seq, const uint8_t* src, int64_t n, bool bf16, int64_t at, Mem out) {
   const Nodes& nd = c_.nodes;
   const int64_t chunk = n * (bf16 ? 2 : 4), R = nd.ranks_per_node;
   // My chunks for node k's ranks are contiguous in my input: ranks k*R .. k*R + R - 1.
@@ -146,7 +199,8 @@ void HostBackend::two_level_reduce_scatter(uint64_t seq, const uint8_t* src, int
   reduce_region(buffer() + at, n, bf16, out);
 }
 
-void HostBackend::two_level_engram_write(uint64_t seq, const uint8_t* src, int64_t bytes) {
+void HostTwoLevel::engram_write(uint64_t seq, Mem table, int64_t bytes) {
+  const uint8_t* src = host_ptr(table, "engram table");
   // Only this node's ranks read my host segment: they must have moved on from the previous table.
   announce_locals(seq);
   for (int j = 0; j < c_.nodes.ranks_per_node; ++j) wait_entered(local_rank(j), seq);
@@ -156,7 +210,9 @@ void HostBackend::two_level_engram_write(uint64_t seq, const uint8_t* src, int64
   rail_sync(seq, kPhaseEngram, WaitKind::Device);
 }
 
-void HostBackend::two_level_pp_exchange(uint64_t seq, const uint8_t* src, int64_t bytes, uint8_t* out) {
+void HostTwoLevel::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out_mem) {
+  const uint8_t* src = host_io(in, out_mem, "ppExchange");
+  uint8_t* out = out_mem.as<uint8_t>();
   const Nodes& nd = c_.nodes;
   const int R = nd.ranks_per_node, last = R - 1;
   const int next = (rank() + 1) % world(), prev = (rank() + world() - 1) % world();

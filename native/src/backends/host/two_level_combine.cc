@@ -11,7 +11,7 @@
 //   above it. Frames hold rows in (source node, token) order, which both ends derive from the routing.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 
 namespace rankflow::host {
 
@@ -27,7 +27,11 @@ HostLayout& state_of(DispatchLayout& l) { return static_cast<HostLayout&>(*l.sta
 
 }  // namespace
 
-void HostBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineSources& in, const CombineOutput& out) {
+void HostTwoLevel::combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
+  combine_rows(seq, l, combine_sources(l, in, out), out);
+}
+
+void HostTwoLevel::combine_rows(uint64_t seq, DispatchLayout& l, const CombineSources& in, const CombineOutput& out) {
   const HostLayout& st = state_of(l);
   RF_CHECK(st.two != nullptr, "STATE", "combine: this handle's dispatch did not run in two levels");
   const TwoLevelState& two = *st.two;

@@ -14,9 +14,14 @@
 // combine: two_level_combine.cc.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 
 namespace rankflow::host {
+
+void HostTwoLevel::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+  begin_adopt(l, from);
+  announce_locals(l.seq, l.fingerprint);
+}
 
 namespace {
 
@@ -38,7 +43,9 @@ struct Record {
 
 }  // namespace
 
-void HostBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in, const std::vector<int64_t>& expert_counts) {
+void HostTwoLevel::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
+  std::vector<int64_t> expert_counts;
+  begin_notify(l, in, expert_counts);
   const Routing& r = *state_of(l).routing;
   const int64_t epr = c_.experts_per_rank();
   // My counts into my node's ranks; the other nodes' ranks get them from my rail peers there.
@@ -53,7 +60,7 @@ void HostBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
   exchange_records(seq, kPhaseNotify, l, in, true);
 }
 
-void HostBackend::exchange_records(uint64_t seq, Phase phase, DispatchLayout& l, const DispatchInput& in, bool forward_counts) {
+void HostTwoLevel::exchange_records(uint64_t seq, Phase phase, DispatchLayout& l, const DispatchInput& in, bool forward_counts) {
   HostLayout& st = state_of(l);
   const Routing& r = *st.routing;
   const Nodes& nd = c_.nodes;
@@ -167,7 +174,8 @@ void HostBackend::exchange_records(uint64_t seq, Phase phase, DispatchLayout& l,
   st.two = std::move(two);
 }
 
-void HostBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
+void HostTwoLevel::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
+  begin_dispatch_data(l, in, out);
   HostLayout& st = state_of(l);
   if (!st.two || !st.two->exchanged) exchange_records(seq, kPhaseDispatchData, l, in, false);  // a cached dispatch
   const TwoLevelState& two = *st.two;
