@@ -25,7 +25,7 @@ struct AsyncEnd final : AsyncState {
 
 void CudaBackend::agrs_issue(AgrsOp& op) {
   RF_CHECK(!capturing_, "STATE", "an asynchronous session collective cannot be captured into a graph");
-  if (two_level()) check_rails(op.reduce ? "session reduceScatter" : "session allGather");
+  check_rails(op.reduce ? "session reduceScatter" : "session allGather");
   const int W = world();
   const int64_t region = c_.ws.bytes + op.at;  // window offset of the op's region
   auto end = std::make_unique<AsyncEnd>();
@@ -41,8 +41,9 @@ void CudaBackend::agrs_issue(AgrsOp& op) {
       session_gather_parts(op.seq, region, op.bytes);
     } else {
       const int64_t chunk = op.bytes;
-      // Two levels: the chunks my rail peers send, behind the staged input.
-      const CUdeviceptr recv = two_level() ? staging(2 * chunk * W) + CUdeviceptr(chunk * W) : 0;
+      // Behind the staged input: what other nodes send (scatter_recv_bytes).
+      const int64_t across = scatter_recv_bytes(chunk);
+      const CUdeviceptr recv = across > 0 ? staging(chunk * W + across) + CUdeviceptr(chunk * W) : 0;
       CUdeviceptr src = dev(op.in.ptr);
       if (!op.in.device || (src & 15) != 0) {  // staged in stream order (a later op reuses it after this one)
         const CUdeviceptr stage = staging(chunk * W);

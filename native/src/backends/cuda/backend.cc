@@ -3,6 +3,7 @@
 // memory.cc. Everything runs on the rank's thread, where the rank's primary context was made
 // current when this object was built.
 #include "backend.hpp"
+#include "two_level.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -13,7 +14,11 @@
 
 namespace rankflow {
 
-std::unique_ptr<Backend> make_cuda_backend(Context& c) { return std::make_unique<cuda::CudaBackend>(c); }
+// A world of one node runs the node's protocol; one of several nodes, the two-level layer over it.
+std::unique_ptr<Backend> make_cuda_backend(Context& c) {
+  if (c.nodes.two_level()) return std::make_unique<cuda::CudaTwoLevel>(c);
+  return std::make_unique<cuda::CudaBackend>(c);
+}
 
 namespace cuda {
 
@@ -74,17 +79,18 @@ void CudaBackend::create() {
     CUdeviceptr p = 0;
     if (d.cuMemHostGetDevicePointer(&p, words, 0) == CUDA_SUCCESS) abort_dev_ = reinterpret_cast<const int32_t*>(p);
   }
-  // Device scratch: the peer table kernels take, the stream's two arrival words, the graph epoch; in
-  // two levels, the rail headers (rail_headers()).
-  kws_ = two_level() ? WorkspaceLayout::make(c_.nodes.ranks_per_node, int32_t(c_.experts_per_rank())) : c_.ws;
+  // Device scratch: the peer table kernels take, the stream's two arrival words, the graph epoch, the
+  // rail headers of the two-level layer (a node's N + 1). The kernels' workspace layout is the node's:
+  // in a world of one node, the world's (c_.ws).
+  kws_ = WorkspaceLayout::make(c_.nodes.ranks_per_node, int32_t(c_.experts_per_rank()));
   const std::vector<uint64_t> table = kernel_peers();
   const int64_t table_bytes = align_up(int64_t(table.size() * sizeof(uint64_t)), 256);
-  const int64_t frames_bytes = two_level() ? align_up(16 * int64_t(c_.nodes.num_nodes + 1), 256) : 0;
+  const int64_t frames_bytes = align_up(16 * int64_t(c_.nodes.num_nodes + 1), 256);
   scratch_ = pool_.alloc(table_bytes + 256 + frames_bytes, "the peer table");
   peers_ = scratch_;
   arrivals_ = scratch_ + CUdeviceptr(table_bytes);
   epoch_ = arrivals_ + 64;
-  if (two_level()) rail_frames_ = arrivals_ + 256;
+  rail_frames_ = arrivals_ + 256;
   from_host(peers_, table.data(), int64_t(table.size() * sizeof(uint64_t)));
   RF_CU(cuMemsetD8Async, arrivals_, 0, size_t(256 + frames_bytes), stream_);
   // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
@@ -111,22 +117,20 @@ void CudaBackend::create() {
 
 ExportedSegments CudaBackend::exported() const { return mem_.exported(); }
 
-// Two levels: only the node's windows; across nodes the rail communicator carries the bytes (made
-// first: the barrier below crosses it), and no NCCL window (nothing of NCCL's reads the node's memory).
-void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
+void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) { map_peers(peers, seq, comm_ != nullptr); }
+
+void CudaBackend::map_peers(const std::vector<ExportedSegments>& peers, uint64_t seq, bool register_window) {
   const Nodes& nd = c_.nodes;
-  RF_CHECK(!two_level() || rails_ != nullptr, "STATE", "registerWindow: the rail communicator must be made first (ncclInit)");
   translating(rank(), [&] {
     // Same process: the fds are borrowed, closed by their owner at destroy.
-    if (two_level()) mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node);
-    else mem_.import_peers(peers);
-    if (c_.cpu_bytes > 0) {  // engram: every host segment my GPU reaches (two levels: my node's; 0 elsewhere)
+    mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node);
+    if (c_.cpu_bytes > 0) {  // engram: every host segment my GPU reaches (my node's; 0 elsewhere)
       std::vector<uint64_t> seg(static_cast<size_t>(world()));
-      for (int p = 0; p < world(); ++p) seg[size_t(p)] = !two_level() || nd.same_node(p) ? uint64_t(mem_.host_segment(p)) : 0;
+      for (int p = 0; p < world(); ++p) seg[size_t(p)] = nd.same_node(p) ? uint64_t(mem_.host_segment(p)) : 0;
       segments_ = pool_.alloc(int64_t(seg.size() * sizeof(uint64_t)), "the host segments' table");
       from_host(segments_, seg.data(), int64_t(seg.size() * sizeof(uint64_t)));
     }
-    if (comm_ != nullptr && !two_level())  // collective: every rank registers its device segment at the same time
+    if (register_window)  // collective: every rank registers its device segment at the same time
       RF_NCCL(ncclCommWindowRegister, comm_, reinterpret_cast<void*>(mem_.window()), size_t(mem_.device_bytes()),
               &window_, kNcclWinCollSymmetric);
   });
@@ -135,14 +139,11 @@ void CudaBackend::import_peers(const std::vector<ExportedSegments>& peers, uint6
 
 std::vector<uint8_t> CudaBackend::nccl_unique_id() {
   std::string why;
-  if (two_level()) {
-    // Across nodes NCCL is the scale-out leg: without it the world cannot run (the caller tells every process).
-    RF_CHECK(nccl_available(&why), "BACKEND_UNAVAILABLE",
-             "backend 'cuda' carries the bytes between nodes over NCCL, and rank " + std::to_string(rank()) +
-                 " has none: " + why);
-  } else if (!c_.cfg.nccl || !nccl_available(&why)) {
-    return {};
-  }
+  if (!c_.cfg.nccl || !nccl_available(&why)) return {};
+  return make_unique_id();
+}
+
+std::vector<uint8_t> CudaBackend::make_unique_id() {
   set_nccl_host_id(c_.cfg.nccl_host_id);
   return translating(rank(), [&] {
     ncclUniqueId id;
@@ -153,29 +154,30 @@ std::vector<uint8_t> CudaBackend::nccl_unique_id() {
 
 void CudaBackend::nccl_init(const std::vector<uint8_t>& id) {
   check_alive("ncclInit");
-  // Two levels: the rail's communicator (one rank per node, none of them sharing a GPU with another
-  // rank of it), whatever the ranks of this process share.
-  RF_CHECK(c_.cfg.nccl || two_level(), "EINVAL", "ncclInit: this group makes no NCCL communicator (its ranks share a GPU)");
+  RF_CHECK(c_.cfg.nccl, "EINVAL", "ncclInit: this group makes no NCCL communicator (its ranks share a GPU)");
+  init_comm(id, world(), rank(), "rank 0");
+}
+
+void CudaBackend::init_comm(const std::vector<uint8_t>& id, int n, int me, const char* whose) {
+  check_alive("ncclInit");
   RF_CHECK(id.size() == RF_NCCL_UNIQUE_ID_BYTES, "EINVAL",
-           std::string("ncclInit needs the 128-byte NCCL unique id of ") + (two_level() ? "its rail's rank on node 0" : "rank 0") +
-               ", got " + std::to_string(id.size()) + " bytes");
+           std::string("ncclInit needs the 128-byte NCCL unique id of ") + whose + ", got " + std::to_string(id.size()) + " bytes");
   RF_CHECK(comm_ == nullptr, "STATE", "rank " + std::to_string(rank()) + " already has an NCCL communicator");
-  const int n = two_level() ? c_.nodes.num_nodes : world();
-  const int me = two_level() ? c_.nodes.node : rank();
   translating(rank(), [&] {
     set_nccl_host_id(c_.cfg.nccl_host_id);
     ncclUniqueId uid;
     std::memcpy(uid.internal, id.data(), sizeof(uid.internal));
     RF_NCCL(ncclCommInitRank, &comm_, n, uid, me);
-    if (!two_level()) return;
-    try {
-      rails_ = std::make_unique<NcclRails>(c_.nodes, comm_, stream_);
-    } catch (...) {
-      abort_rails();  // nothing half made: the communicator goes with the refusal
-      throw;
-    }
   });
 }
+
+std::vector<uint64_t> CudaBackend::kernel_peers() const {
+  std::vector<uint64_t> table;
+  for (int j = 0; j < kernel_world(); ++j) table.push_back(uint64_t(kernel_peer_base(j)));
+  return table;
+}
+
+CUdeviceptr CudaBackend::kernel_peer_base(int j) const { return mem_.peer_base(c_.nodes.rank_of(c_.nodes.node, j)); }
 
 BackendInfo CudaBackend::info() const {
   BackendInfo i;
@@ -220,8 +222,8 @@ void CudaBackend::destroy() noexcept {
   } catch (...) {
   }
   const bool failing = dead_ || c_.abort.failed_rank() >= 0 || c_.abort.abandoned.load();
-  // NCCL kernels on the stream waiting for a rail peer that is gone never give up on their own.
-  if (two_level() && failing) abort_rails();
+  // Two levels: NCCL kernels on the stream waiting for a rail peer that is gone never give up on their own.
+  if (failing) abort_rails();
   if (d != nullptr && stream_ != nullptr) {
     // Kernels still waiting for peers that are gone give up once told; then nothing runs on the memory.
     if (abort_raised() || c_.abort.abandoned.load()) mirror_abort();

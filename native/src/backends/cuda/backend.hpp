@@ -2,12 +2,14 @@
 // memory (the same kinds, windows and flat VA as the host backend), the kernels and their launcher,
 // one stream, the Control block and the dispatch counts' mirror in mapped host memory, the rank's
 // device memory pool, and one NCCL communicator (none where ranks of the process share the GPU:
-// NCCL refuses two ranks on one GPU). In a world whose nodes share no memory (two levels) the rank
-// maps only its node's windows, its kernels run the node-local protocol (peer table, rank, world and
-// workspace layout of the node: kernel_rank() ...), and its communicator is its rail's (scaleout.hpp).
+// NCCL refuses two ranks on one GPU). This class is the protocol of one node: its kernels see the
+// node's ranks (peer table, rank, world and workspace layout of the node: kernel_rank() ...), which in
+// a world of one node is the world, and it never asks how many nodes there are. A world whose nodes
+// share no memory gets CudaTwoLevel (two_level.hpp) instead: the layer over it that maps only the
+// node's windows, runs each op in two levels and carries the bytes between nodes over its rail's
+// NCCL communicator (scaleout.hpp); the hooks below are where it joins the node's ops.
 // backend.cc: lifecycle; waits.cc: waits and Control; memory.cc: device memory; collectives.cc:
-// barrier, allGather, sessions, engram, pipeline; two_level.cc: the collectives across nodes and what
-// they refuse (two_level_agrs.cc: sessions and pipeline across nodes); moe.cc: dispatch and combine; graph.cc: CUDA graphs; bench.cc: baselines and
+// barrier, allGather, sessions, engram, pipeline; moe.cc: dispatch and combine; graph.cc: CUDA graphs; bench.cc: baselines and
 // benchmarks; interop.cc: the stream, context and events an application's own GPU work uses beside
 // the rank's, and checks of memory it hands over; async.cc: asynchronous AGRS and engram fetches.
 #pragma once
@@ -74,7 +76,7 @@ struct CudaLayout final : LayoutState {
   std::vector<std::shared_ptr<DeviceBlock>> keep;
 };
 
-class CudaBackend final : public Backend, public DeviceOps {
+class CudaBackend : public Backend, public DeviceOps {
  public:
   explicit CudaBackend(Context& c);
   ~CudaBackend() override { destroy(); }
@@ -90,7 +92,6 @@ class CudaBackend final : public Backend, public DeviceOps {
   void destroy() noexcept override;
   void check_alive(const char* op) const override;
   void recover() override;
-  void check_runs(const char* op) const override;  // two_level.cc
 
   // collectives.cc
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
@@ -151,7 +152,7 @@ class CudaBackend final : public Backend, public DeviceOps {
   double bench_peer_copy(int64_t bytes, int iters, int warmup) override;
   double bench_agrs(const std::string& op, const std::string& engine, int64_t bytes, int64_t iters) override;
 
- private:
+ protected:
   int rank() const { return c_.rank(); }
   int world() const { return c_.world(); }
   void create();
@@ -169,65 +170,42 @@ class CudaBackend final : public Backend, public DeviceOps {
   // Every other rank of the kernels' view (in two levels: of my node).
   kargs::Ring all_ring() const { return kargs::Ring{1, kernel_world() - 1, 1, kernel_world() - 1}; }
 
-  // ---- two levels (scale_out with more than one node): two_level.cc ----
-  bool two_level() const { return c_.nodes.two_level(); }
-  // What the kernels see of the world (rank_args): in two levels the node's ranks only (rank = local
-  // index, world = ranks per node, peers = the node's windows, workspace layout kws_ made for them),
-  // else the whole world. One view per rank, so that every kernel of the rank uses the same slots.
-  int kernel_rank() const { return two_level() ? c_.nodes.local : rank(); }
-  int kernel_world() const { return two_level() ? c_.nodes.ranks_per_node : world(); }
+  // What the kernels see (rank_args): the node's ranks only (rank = local index, world = ranks per
+  // node, peers = the node's windows, workspace layout kws_ made for them): in a world of one node,
+  // the world. One view per rank, so that every kernel of the rank uses the same slots.
+  int kernel_rank() const { return c_.nodes.local; }
+  int kernel_world() const { return c_.nodes.ranks_per_node; }
   std::vector<uint64_t> kernel_peers() const;  // window bases, indexed by kernel rank
   CUdeviceptr kernel_peer_base(int j) const;   // kernel rank j's window
-  void two_level_barrier(uint64_t seq);
-  void two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out);
-  // Enqueues the rail round of a two-level op that moves no data across nodes (after its node round):
-  // the header {seq, 0} to and from every rail peer.
-  void rail_round(uint64_t seq);
-  // AGRS sessions and ppExchange across nodes (two_level_agrs.cc), enqueued only; collectives.cc and
-  // async.cc call them where the flat path puts into the peers' windows.
-  // Session allGather: my part (already in my slot of the region at window offset `region`) to my
-  // rail peers, theirs into their slots; then every part of my rail into every node peer's region.
-  void two_level_gather_parts(uint64_t seq, int64_t region, int64_t bytes);
-  // reduceScatter: my W chunks at `src` (device), my rail peers' chunks for my node into `recv` (W
-  // chunks of scratch), then into every node peer's region the chunk for it from each rank of my rail.
-  void two_level_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region);
-  // ppExchange: the node's last rank sends `src` to its rail peer on the next node and receives the
-  // previous node's into `recv` (scratch); inside the node the flat hop, the last rank sending what came.
-  void two_level_pp_exchange(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t bytes, int64_t at);
-  // Copy-engine copies into node peers' windows (and mine), in stream order, then the done round over
-  // the node at `seq`: once it ran, every node peer's copies into my window are there.
-  struct NodeCopy {
-    int local;           // the destination's kernel rank
-    CUdeviceptr src;
-    int64_t offset, bytes;  // window offset of the destination
-  };
-  void node_copies(uint64_t seq, const std::vector<NodeCopy>& copies, Phase phase);
-  // Dispatch and combine across nodes (two_level_moe.cc, two_level_combine.cc): the moe.cc entry
-  // points of the same names hand over to these in two levels.
-  void two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in);
-  void two_level_counts(DispatchLayout& l);
-  void two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out);
-  void two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out);
-  // The layout of a handle whose dispatch ran in two levels, the rails checked for `op` (STATE otherwise).
-  CudaLayout& two_level_layout(DispatchLayout& l, const char* op);
-  // The node's barrier kernel on slot array `array` (each array used at most once per op).
-  void node_barrier(uint64_t seq, int64_t array, Phase phase);
-  // Device memory for the op's transfers, kept in the layout (tl_upload: filled from host memory).
-  CUdeviceptr tl_block(CudaLayout& st, int64_t bytes, const char* what);
-  CUdeviceptr tl_upload(CudaLayout& st, const void* src, int64_t bytes, const char* what);
-  // Enqueues the op's header {seq, bytes} as my frame; the transfers that send it to every rail peer
-  // and receive theirs (into rail_frames_ + 16 * node).
-  void rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs);
-  // After the stream ran the op: every rail peer's header names this op and these bytes (else the
-  // nodes are out of step: RANK_FAILED, or gave other sizes: EINVAL).
-  void check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase);
-  // STATE unless a two-level `op` can run now: the rank has its rail communicator and is not capturing.
-  void check_rails(const char* op) const;
+  // Maps the peers' windows and host segments (two levels: the node's), registers the NCCL window
+  // (register_window), then the barrier that makes every window mapped before anyone writes into one.
+  void map_peers(const std::vector<ExportedSegments>& peers, uint64_t seq, bool register_window);
+  // ncclGetUniqueId's 128 bytes; the communicator of n ranks, mine the me-th, from `id` (whose: the
+  // rank that made it, for the refusal).
+  std::vector<uint8_t> make_unique_id();
+  void init_comm(const std::vector<uint8_t>& id, int n, int me, const char* whose);
+
+  // ---- where the two-level layer (two_level.hpp) joins the node's ops: nothing here ----
+  // STATE unless a two-level `op` can run now (the rail communicator is there, no capture).
+  virtual void check_rails(const char* op) const { (void)op; }
+  // Enqueues the rail round of an op that moves no data across nodes (after its node round).
+  virtual void rail_round(uint64_t seq) { (void)seq; }
+  // After the stream ran the op: every rail peer's header names this op and these bytes.
+  virtual void check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase) {
+    (void)seq, (void)bytes, (void)op, (void)phase;
+  }
+  // Staging a reduceScatter of `chunk`-byte chunks needs for the chunks other nodes send.
+  virtual int64_t scatter_recv_bytes(int64_t chunk) const { return (void)chunk, 0; }
+  // ppExchange: staging the hop receives into (padded: the part's bytes in the window), and the hop.
+  virtual int64_t pp_recv_bytes(int64_t padded) const { return (void)padded, 0; }
+  virtual void pp_hop(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t bytes, int64_t at);
+  // The rail communicator aborted and forgotten (its kernels stop): after a timeout or a peer's
+  // failure nobody answers on it, and the stream must drain. Local; noexcept.
+  virtual void abort_rails() noexcept {}
+  // A run's release reached an op while it waited: whatever cannot be put back in step afterwards.
+  virtual void released_mid_op() {}
   // The W parts an allGather left in the buffer (padded there) into `out` (collectives.cc).
   void copy_gathered(Mem out, int64_t gather, int64_t bytes, int64_t padded);
-  // The rail communicator, aborted (its kernels stop) and forgotten: after a timeout or a peer's
-  // failure nobody answers on it, and the stream must drain. Local; noexcept.
-  void abort_rails() noexcept;
 
   // Waits (backend.cc). Each polls its condition in the runtime's one wait loop; a raised abort
   // word is passed on to the kernels (abort_mirror where the GPU cannot read the words itself) and
@@ -258,11 +236,11 @@ class CudaBackend final : public Backend, public DeviceOps {
   void put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_stride, int64_t bytes, int64_t dst_offset,
            kargs::Ring ring, bool enter, Phase phase);
   // A session collective's exchange, for the synchronous (collectives.cc) and the asynchronous
-  // (async.cc) entry points: put into every peer, or in two levels the two_level_* of the same name.
+  // (async.cc) entry points: put into every peer (the two-level layer: across the rails too).
   // allGather: my part already in my slot of the region at window offset `region`. reduceScatter: my
-  // W chunks at `src` (recv: two levels only, W chunks of scratch for my rail peers' chunks).
-  void session_gather_parts(uint64_t seq, int64_t region, int64_t bytes);
-  void session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region);
+  // W chunks at `src` (recv: scatter_recv_bytes of scratch for what other nodes send).
+  virtual void session_gather_parts(uint64_t seq, int64_t region, int64_t bytes);
+  virtual void session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region);
   void keep_for_graph(const CudaLayout& l);
   // async.cc: an async op's end, recorded on the stream, waited for like the stream itself.
   void wait_event(CUevent e, const WaitSite& site);
@@ -289,9 +267,9 @@ class CudaBackend final : public Backend, public DeviceOps {
   int64_t ce_min_bytes_ = 0;
   ncclComm_t comm_ = nullptr;          // the world's communicator; in two levels, the rank's rail's
   ncclWindow_t window_ = nullptr;
-  std::unique_ptr<NcclRails> rails_;   // two levels: the scale-out leg over comm_
+  std::unique_ptr<NcclRails> rails_;   // the two-level layer's scale-out leg over comm_ (none here)
   WorkspaceLayout kws_;                // the workspace layout the kernels use (for kernel_world() ranks)
-  CUdeviceptr rail_frames_ = 0;        // two levels: [N] 16-byte headers received, then mine
+  CUdeviceptr rail_frames_ = 0;        // [N] 16-byte headers received from the N nodes, then mine
   DevicePool pool_;
   CUevent op_start_ = nullptr, op_end_ = nullptr;
   bool op_timing_ = false;  // rank.timeOps(): record op_start_ / op_end_ around dispatch and combine
@@ -307,8 +285,8 @@ class CudaBackend final : public Backend, public DeviceOps {
   CUdeviceptr fused_scratch_ = 0;  // kargs::FusedScratch of fused_blocks_ rows
   int64_t fused_scratch_bytes_ = 0;
   int fused_blocks_ = 0;
-  // Dispatches without a CPU sync run as one kernel (ContextConfig.fused_dispatch; one node only).
-  bool fuses() const { return c_.cfg.fused_dispatch && !two_level(); }
+  // Dispatches without a CPU sync run as one kernel (ContextConfig.fused_dispatch).
+  bool fuses() const { return c_.cfg.fused_dispatch; }
   // graphs
   struct Graph {
     CUgraph graph = nullptr;

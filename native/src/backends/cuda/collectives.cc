@@ -2,9 +2,10 @@
 // (backends/host/backend.cc, agrs.cc) on the kernels of barrier.cu, all_gather.cu, session.cu and
 // engram.cu. Host tensors (driver mode) are staged through device memory and the op waits for its
 // stream before it returns; device tensors (rank programs) are enqueued, and only what must be waited
-// for on the CPU is (a barrier's completion, a copy back to the host). Across nodes the same entry
-// points run in two levels: the node's part in the kernels' view (rank_args, put, all_ring), what
-// crosses in two_level.cc (barrier, allGather, the rail round) and two_level_agrs.cc.
+// for on the CPU is (a barrier's completion, a copy back to the host). These are the node's ops (the
+// kernels' view: rank_args, put, all_ring); across nodes the two-level layer (two_level.hpp) replaces
+// barrier and allGather and joins the others at their hooks (check_rails, rail_round,
+// check_rail_headers, session_gather_parts, session_scatter, pp_hop).
 #include <algorithm>
 
 #include "backend.hpp"
@@ -18,7 +19,6 @@ namespace rankflow::cuda {
 // CPU called the barrier and its earlier GPU work is done. That is the CPU round already, so cuda needs
 // no second round of slot writes through the driver (the host executor does its CPU round on slots).
 void CudaBackend::barrier(uint64_t seq, bool cpu_round, bool wait) {
-  if (two_level()) return two_level_barrier(seq);
   kargs::BarrierArgs a;
   a.r = rank_args(seq);
   a.array = kws_.barrier;
@@ -29,7 +29,6 @@ void CudaBackend::barrier(uint64_t seq, bool cpu_round, bool wait) {
 }
 
 void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
-  if (two_level()) return two_level_all_gather(seq, in, bytes, out);
   const int W = world();
   // The kernel moves 16-byte vectors: each rank's part is padded to 16 bytes in the buffer, and a host
   // (or unaligned) input is staged right behind the W gathered parts.
@@ -67,7 +66,6 @@ void CudaBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
 // device tensors are read and written where they lie (their addresses are valid for every rank);
 // other tensors go through my window: the input staged at the buffer's start, the sums behind it.
 void CudaBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) {
-  RF_CHECK(!two_level(), "STATE", "peer reduce runs within one node (the runtime composes it across nodes)");
   const int64_t bytes = n * (bf16 ? 2 : 4);
   const int64_t staged = c_.ws.bytes, sums = staged + align_up(bytes, kRegionAlignment);  // window offsets
   const bool shared = c_.cfg.device_share == world();
@@ -166,7 +164,7 @@ void CudaBackend::put(const kargs::RankArgs& a, CUdeviceptr src, int64_t src_str
 // In two levels the signals run over the node, then the rail round (headers at the op's seq, c_.seq).
 void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase) {
   const char* op = phase == kPhaseSessionOpen ? "session open" : "session close";
-  if (two_level()) check_rails(op);
+  check_rails(op);
   translating(rank(), [&] {
     kargs::SignalArgs s;
     s.r = rank_args(enter_seq != 0 ? enter_seq : c_.seq);
@@ -180,27 +178,25 @@ void CudaBackend::session_signal(uint64_t enter_seq, uint64_t value, Phase phase
     s.array = kws_.session;
     s.value = value;
     launch_->signal(stream_, s);
-    if (two_level()) rail_round(c_.seq);
+    rail_round(c_.seq);
   });
   wait_stream(WaitSite{phase, -1, "session"});
-  if (two_level()) check_rail_headers(c_.seq, 0, op, phase);
+  check_rail_headers(c_.seq, 0, op, phase);
 }
 
 void CudaBackend::session_gather_parts(uint64_t seq, int64_t region, int64_t bytes) {
-  if (two_level()) return two_level_gather_parts(seq, region, bytes);
   const int W = world();
   const int64_t mine = region + int64_t(rank()) * bytes;
   put(rank_args(seq), mem_.window() + CUdeviceptr(mine), 0, bytes, mine, kargs::Ring{1, W - 1, 1, W - 1}, false, kPhaseSessionGather);
 }
 
-void CudaBackend::session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region) {
-  if (two_level()) return two_level_scatter(seq, src, recv, chunk, region);
+void CudaBackend::session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr, int64_t chunk, int64_t region) {
   const int W = world();
   put(rank_args(seq), src, chunk, chunk, region + int64_t(rank()) * chunk, kargs::Ring{0, W, 1, W - 1}, false, kPhaseSessionReduce);
 }
 
 void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) {
-  if (two_level()) check_rails("session allGather");
+  check_rails("session allGather");
   const int W = world();
   const int64_t region = c_.ws.bytes + at;                // window offset of this collective's region
   const int64_t mine = region + int64_t(rank()) * bytes;  // my part, in every rank's window
@@ -216,20 +212,21 @@ void CudaBackend::session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_
   });
   if (out.device) return;
   wait_stream(WaitSite{kPhaseSessionGather, -1, "done"});
-  if (two_level()) check_rail_headers(seq, bytes, "session allGather", kPhaseSessionGather);
+  check_rail_headers(seq, bytes, "session allGather", kPhaseSessionGather);
   if (bytes > 0)
     translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, mem_.window() + CUdeviceptr(region), size_t(bytes * W)); });
 }
 
 void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) {
-  if (two_level()) check_rails("session reduceScatter");
+  check_rails("session reduceScatter");
   const int W = world();
   const int64_t chunk = n * (bf16 ? 2 : 4);
   const int64_t region = c_.ws.bytes + at;
   translating(rank(), [&] {
     // My W chunks on the device (staged when they come from the host); chunk q goes to rank q's
-    // region at my rank's slot. Two levels: behind the staged output, the chunks my rail peers send.
-    const CUdeviceptr stage = staging(chunk * W + chunk + (two_level() ? chunk * W : 0));
+    // region at my rank's slot. Behind the staged output: what other nodes send (scatter_recv_bytes).
+    const int64_t across = scatter_recv_bytes(chunk);
+    const CUdeviceptr stage = staging(chunk * W + chunk + across);
     CUdeviceptr src = dev(in.ptr);
     if (!in.device || (src & 15) != 0) {
       if (chunk > 0) {
@@ -238,7 +235,7 @@ void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
       }
       src = stage;
     }
-    session_scatter(seq, src, two_level() ? stage + CUdeviceptr(chunk * W + chunk) : 0, chunk, region);
+    session_scatter(seq, src, across > 0 ? stage + CUdeviceptr(chunk * W + chunk) : 0, chunk, region);
     kargs::ReduceArgs r;
     r.region = reinterpret_cast<const void*>(mem_.window() + CUdeviceptr(region));
     r.n = n;
@@ -249,13 +246,13 @@ void CudaBackend::session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool b
   });
   if (out.device) return;
   wait_stream(WaitSite{kPhaseSessionReduce, -1, "done"});
-  if (two_level()) check_rail_headers(seq, chunk * c_.nodes.ranks_per_node, "session reduceScatter", kPhaseSessionReduce);
+  check_rail_headers(seq, chunk * c_.nodes.ranks_per_node, "session reduceScatter", kPhaseSessionReduce);
   if (chunk > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, stage_ + CUdeviceptr(chunk * W), size_t(chunk)); });
 }
 
 // In two levels over the node (only its ranks read my host segment), then the rail round.
 void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
-  if (two_level()) check_rails("engramWrite");
+  check_rails("engramWrite");
   translating(rank(), [&] {
     kargs::SignalArgs s;
     s.r = rank_args(seq);
@@ -272,10 +269,10 @@ void CudaBackend::engram_write(uint64_t seq, Mem table, int64_t bytes) {
     s.array = kws_.done;
     s.phase = kPhaseEngram;
     launch_->signal(stream_, s);
-    if (two_level()) rail_round(seq);
+    rail_round(seq);
   });
   wait_stream(WaitSite{kPhaseEngram, -1, "done"});
-  if (two_level()) check_rail_headers(seq, 0, "engramWrite", kPhaseEngram);
+  check_rail_headers(seq, 0, "engramWrite", kPhaseEngram);
 }
 
 void CudaBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_bytes, Mem out) {
@@ -302,14 +299,17 @@ void CudaBackend::engram_fetch(Mem ids, int64_t n, int64_t entries, int64_t row_
   translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, stage_ + CUdeviceptr(ids_bytes), size_t(n * row_bytes)); });
 }
 
+void CudaBackend::pp_hop(uint64_t seq, CUdeviceptr src, CUdeviceptr, int64_t bytes, int64_t at) {
+  put(rank_args(seq), src, 0, bytes, at, kargs::Ring{1, 1, 1, 1}, true, kPhasePipeline);
+}
+
 void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
-  if (two_level()) check_rails("ppExchange");
+  check_rails("ppExchange");
   const int64_t at = c_.ws.bytes;
-  // Two levels: the node's last rank receives the previous node's part behind the staged input.
-  const int64_t padded = align_up(std::max<int64_t>(bytes, 16), 16);
-  const bool forwards = two_level() && c_.nodes.local == c_.nodes.ranks_per_node - 1;
+  // Where the hop receives (two levels: the node's last rank, the previous node's part) behind the staged input.
+  const int64_t padded = align_up(std::max<int64_t>(bytes, 16), 16), across = pp_recv_bytes(padded);
   translating(rank(), [&] {
-    const CUdeviceptr recv = forwards ? staging(2 * padded) + CUdeviceptr(padded) : 0;
+    const CUdeviceptr recv = across > 0 ? staging(padded + across) + CUdeviceptr(padded) : 0;
     CUdeviceptr src = dev(in.ptr);
     if (!in.device || (src & 15) != 0 || bytes % 16 != 0) {
       const CUdeviceptr stage = staging(bytes);
@@ -321,16 +321,14 @@ void CudaBackend::pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) {
     }
     if (world() == 1) {
       if (bytes > 0) RF_CU(cuMemcpyAsync, mem_.window() + CUdeviceptr(at), src, size_t(bytes), stream_);
-    } else if (two_level()) {
-      two_level_pp_exchange(seq, src, recv, bytes, at);
     } else {
-      put(rank_args(seq), src, 0, bytes, at, kargs::Ring{1, 1, 1, 1}, true, kPhasePipeline);
+      pp_hop(seq, src, recv, bytes, at);
     }
     if (out.device && bytes > 0) RF_CU(cuMemcpyAsync, dev(out.ptr), mem_.window() + CUdeviceptr(at), size_t(bytes), stream_);
   });
   if (out.device) return;
   wait_stream(WaitSite{kPhasePipeline, -1, "done"});
-  if (forwards) check_rail_headers(seq, bytes, "ppExchange", kPhasePipeline);
+  if (across > 0) check_rail_headers(seq, bytes, "ppExchange", kPhasePipeline);  // the hop that crossed
   if (bytes > 0) translating(rank(), [&] { RF_CU(cuMemcpyDtoH, out.ptr, mem_.window() + CUdeviceptr(at), size_t(bytes)); });
 }
 

@@ -78,7 +78,6 @@ void CudaBackend::keep_for_graph(const CudaLayout& l) {
 }
 
 void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
-  if (two_level()) return two_level_notify(seq, l, in);  // across nodes: two_level_moe.cc
   const int64_t K = c_.cfg.ep.topk, T = in.num_tokens;
   const size_t tk = size_t(T * K * 4);
   std::unique_ptr<CudaLayout> st;
@@ -137,14 +136,6 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
 
 void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
   const auto& origin = static_cast<const CudaLayout&>(*from.state);
-  if (two_level()) {  // the host's plan is the routing; nothing on the device
-    auto st = std::make_unique<CudaLayout>();
-    st->two = origin.two;
-    st->mirrored = origin.mirrored;
-    st->cached = true;
-    l.state = std::move(st);
-    return;
-  }
   std::unique_ptr<CudaLayout> st;
   translating(rank(), [&] { st = new_layout_state(l, /*own_routing=*/false); });
   st->routing = origin.routing;
@@ -156,7 +147,6 @@ void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
 }
 
 bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
-  if (two_level()) return two_level_counts(l), true;  // the notify left every count on the host
   RF_CHECK(layout_of(l).mirrored, "STATE",
            "dispatch: its counts are unknown to the CPU (the dispatch that made its handle ran without a CPU sync); "
            "dispatch with outputsInBuffer, or make the handle with a dispatch that syncs");
@@ -241,7 +231,6 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
 }
 
 void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
-  if (two_level()) return two_level_dispatch_data(seq, l, in, out);  // two_level_data.cc
   CudaLayout& st = layout_of(l);
   const EpConfig& ep = c_.cfg.ep;
   const int64_t T = l.num_tokens, K = ep.topk, row = ep.hidden * in.x_elem_bytes, S = c_.buf.scales_per_token;
@@ -329,7 +318,6 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
 }
 
 void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
-  if (two_level()) return two_level_combine(seq, l, in, out);  // two_level_combine.cc
   CudaLayout& st = layout_of(l);
   const EpConfig& ep = c_.cfg.ep;
   const int64_t H = ep.hidden, K = ep.topk, T = l.num_tokens;

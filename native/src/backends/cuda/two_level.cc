@@ -1,8 +1,9 @@
-// The CUDA backend's collectives in a world whose nodes share no memory (scaleout.hpp), in the two
-// levels of the host backend (backends/host/two_level.cc), with the same results bit for bit: inside
-// the node the flat kernels over the node's ranks only (rank_args() gives them the node's peer table,
-// local rank and workspace layout), across nodes NCCL on the rank's rail communicator. Every step is
-// enqueued on the rank's stream; the CPU waits for it once, at the end of the op.
+// The two-level layer of the CUDA backend (CudaTwoLevel, two_level.hpp): the collectives of a world
+// whose nodes share no memory (scaleout.hpp), in the two levels of the host backend
+// (backends/host/two_level.cc), with the same results bit for bit: inside the node the flat kernels
+// over the node's ranks only (rank_args() gives them the node's peer table, local rank and workspace
+// layout), across nodes NCCL on the rank's rail communicator. Every step is enqueued on the rank's
+// stream; the CPU waits for it once, at the end of the op.
 //   barrier   : the node's barrier kernel, then a header frame to and from every rail peer: each was
 //               sent after its node's barrier, so once my stream ran, every rank of the world arrived
 //               (that is the CPU round too: the CPU waits for the stream, as the flat CPU-sync barrier
@@ -20,7 +21,7 @@
 // Graphs and the NCCL baselines refuse here (check_runs) before the runtime moves: BACKEND_UNAVAILABLE.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
 
@@ -30,8 +31,7 @@ namespace {
 constexpr int64_t kHeaderBytes = 16;  // {uint64 seq, int64 bytes}
 }  // namespace
 
-void CudaBackend::check_runs(const char* op) const {
-  if (!two_level()) return;
+void CudaTwoLevel::check_runs(const char* op) const {
   // What two_level*.cc run; anything else would run the flat kernels over windows that are not
   // mapped. dispatch: with a CPU sync (two_level_notify refuses one without). engramFetch: of this
   // node's entries (the runtime refuses the others').
@@ -49,23 +49,66 @@ void CudaBackend::check_runs(const char* op) const {
               rank());
 }
 
-void CudaBackend::check_rails(const char* op) const {
+void CudaTwoLevel::check_rails(const char* op) const {
   RF_CHECK(rails_ != nullptr, "STATE", std::string(op) + ": rank " + std::to_string(rank()) + " has no rail communicator");
   RF_CHECK(!capturing_, "STATE",
            std::string(op) + ": a world that spans nodes cannot capture its " + op + " in a graph on cuda yet");
 }
 
-std::vector<uint64_t> CudaBackend::kernel_peers() const {
-  std::vector<uint64_t> table;
-  for (int j = 0; j < kernel_world(); ++j) table.push_back(uint64_t(kernel_peer_base(j)));
-  return table;
+// Across nodes the rail communicator's exchanges may have been cut halfway (or it was aborted): the
+// rank cannot go on after a release, on every rank alike (as the host backend's rails).
+void CudaTwoLevel::recover() {
+  check_alive("recover");
+  if (c_.abort.released_above() != 0) {
+    mark_dead("a released run in a world whose nodes share no memory");
+    abort_rails();
+    throw Error("RANK_FAILED",
+                "rank " + std::to_string(rank()) + " cannot be put back in step after a released run: its world's nodes share no "
+                "memory, and its rail communicator's exchanges may have been cut halfway; make the group again",
+                rank());
+  }
+  CudaBackend::recover();
 }
 
-CUdeviceptr CudaBackend::kernel_peer_base(int j) const {
-  return mem_.peer_base(two_level() ? c_.nodes.rank_of(c_.nodes.node, j) : j);
+void CudaTwoLevel::released_mid_op() {
+  mark_dead("released while its scale-out exchange waited: the rail communicator was aborted");
+  abort_rails();
 }
 
-void CudaBackend::abort_rails() noexcept {
+void CudaTwoLevel::reduce_peers(uint64_t, Mem, Mem, int64_t, bool) {
+  throw Error("STATE", "peer reduce runs within one node (the runtime composes it across nodes)");
+}
+
+// Across nodes NCCL is the scale-out leg: without it the world cannot run (the caller tells every process).
+std::vector<uint8_t> CudaTwoLevel::nccl_unique_id() {
+  std::string why;
+  RF_CHECK(nccl_available(&why), "BACKEND_UNAVAILABLE",
+           "backend 'cuda' carries the bytes between nodes over NCCL, and rank " + std::to_string(rank()) + " has none: " + why);
+  return make_unique_id();
+}
+
+// The rail's communicator (one rank per node, none of them sharing a GPU with another rank of it),
+// whatever the ranks of this process share.
+void CudaTwoLevel::nccl_init(const std::vector<uint8_t>& id) {
+  init_comm(id, c_.nodes.num_nodes, c_.nodes.node, "its rail's rank on node 0");
+  translating(rank(), [&] {
+    try {
+      rails_ = std::make_unique<NcclRails>(c_.nodes, comm_, stream_);
+    } catch (...) {
+      abort_rails();  // nothing half made: the communicator goes with the refusal
+      throw;
+    }
+  });
+}
+
+// Only the node's windows; across nodes the rail communicator carries the bytes (made first: the
+// barrier crosses it), and no NCCL window (nothing of NCCL's reads the node's memory).
+void CudaTwoLevel::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
+  RF_CHECK(rails_ != nullptr, "STATE", "registerWindow: the rail communicator must be made first (ncclInit)");
+  map_peers(peers, seq, false);
+}
+
+void CudaTwoLevel::abort_rails() noexcept {
   rails_.reset();
   if (comm_ == nullptr) return;
   try {
@@ -76,7 +119,7 @@ void CudaBackend::abort_rails() noexcept {
   window_ = nullptr;
 }
 
-void CudaBackend::rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs) {
+void CudaTwoLevel::rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTransfer>& sends, std::vector<RailTransfer>& recvs) {
   const Nodes& nd = c_.nodes;
   const CUdeviceptr mine = rail_frames_ + CUdeviceptr(kHeaderBytes * nd.num_nodes);
   const uint64_t words[2] = {seq, uint64_t(bytes)};
@@ -87,7 +130,7 @@ void CudaBackend::rail_headers(uint64_t seq, int64_t bytes, std::vector<RailTran
   rails_->to_every_peer(mine, 0, rail_frames_, kHeaderBytes, size_t(kHeaderBytes), sends, recvs);
 }
 
-void CudaBackend::check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase) {
+void CudaTwoLevel::check_rail_headers(uint64_t seq, int64_t bytes, const char* op, Phase phase) {
   const Nodes& nd = c_.nodes;
   std::vector<uint64_t> got(size_t(2 * nd.num_nodes));
   translating(rank(), [&] { RF_CU(cuMemcpyDtoH, got.data(), rail_frames_, got.size() * 8); });
@@ -112,13 +155,13 @@ void CudaBackend::check_rail_headers(uint64_t seq, int64_t bytes, const char* op
   }
 }
 
-void CudaBackend::rail_round(uint64_t seq) {
+void CudaTwoLevel::rail_round(uint64_t seq) {
   std::vector<RailTransfer> sends, recvs;
   rail_headers(seq, 0, sends, recvs);
   rails_->exchange(sends, recvs);
 }
 
-void CudaBackend::two_level_barrier(uint64_t seq) {
+void CudaTwoLevel::barrier(uint64_t seq, bool, bool) {
   check_rails("barrier");
   translating(rank(), [&] {
     kargs::BarrierArgs a;
@@ -133,7 +176,7 @@ void CudaBackend::two_level_barrier(uint64_t seq) {
   check_rail_headers(seq, 0, "barrier", kPhaseBarrier);
 }
 
-void CudaBackend::two_level_all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
+void CudaTwoLevel::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
   const Nodes& nd = c_.nodes;
   const int W = world(), N = nd.num_nodes, R = nd.ranks_per_node;
   // As flat: parts padded to 16 bytes in the buffer; the N parts of my rail staged behind the W

@@ -26,13 +26,13 @@
 //                        Scale-out: bytes on the last rail; scale-up: bytes per rank (R > 1).
 // Headers are checked once the CPU waited for the op (host outputs); an op into a device tensor,
 // or an asynchronous one, is not waited for and its headers go unchecked (as the allGather's).
-#include "backend.hpp"
+#include "two_level.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
 
 namespace rankflow::cuda {
 
-void CudaBackend::node_copies(uint64_t seq, const std::vector<NodeCopy>& copies, Phase phase) {
+void CudaTwoLevel::node_copies(uint64_t seq, const std::vector<NodeCopy>& copies, Phase phase) {
   for (const NodeCopy& c : copies) {
     if (c.bytes <= 0) continue;
     RF_CU(cuMemcpyAsync, kernel_peer_base(c.local) + CUdeviceptr(c.offset), c.src, size_t(c.bytes), stream_);
@@ -50,7 +50,7 @@ void CudaBackend::node_copies(uint64_t seq, const std::vector<NodeCopy>& copies,
   launch_->signal(stream_, s);
 }
 
-void CudaBackend::two_level_gather_parts(uint64_t seq, int64_t region, int64_t bytes) {
+void CudaTwoLevel::session_gather_parts(uint64_t seq, int64_t region, int64_t bytes) {
   const Nodes& nd = c_.nodes;
   const int N = nd.num_nodes, R = nd.ranks_per_node;
   const CUdeviceptr base = mem_.window() + CUdeviceptr(region);
@@ -70,7 +70,7 @@ void CudaBackend::two_level_gather_parts(uint64_t seq, int64_t region, int64_t b
   node_copies(seq, copies, kPhaseSessionGather);
 }
 
-void CudaBackend::two_level_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region) {
+void CudaTwoLevel::session_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t chunk, int64_t region) {
   const Nodes& nd = c_.nodes;
   const int N = nd.num_nodes, R = nd.ranks_per_node;
   const int64_t block = R * chunk;  // the chunks of one node's ranks
@@ -92,7 +92,7 @@ void CudaBackend::two_level_scatter(uint64_t seq, CUdeviceptr src, CUdeviceptr r
   node_copies(seq, copies, kPhaseSessionReduce);
 }
 
-void CudaBackend::two_level_pp_exchange(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t bytes, int64_t at) {
+void CudaTwoLevel::pp_hop(uint64_t seq, CUdeviceptr src, CUdeviceptr recv, int64_t bytes, int64_t at) {
   const Nodes& nd = c_.nodes;
   const int N = nd.num_nodes, R = nd.ranks_per_node;
   CUdeviceptr hop = src;  // what I send my next rank inside the node

@@ -16,13 +16,13 @@
 //   3. The finish kernel: bias0, then bias1, added to each sum, rounded to bf16 (RNE); the weights.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
 
 namespace rankflow::cuda {
 
-void CudaBackend::two_level_combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
+void CudaTwoLevel::combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) {
   CudaLayout& st = two_level_layout(l, "combine");
   const TwoLevelRouting& two = *st.two;
   const Nodes& nd = c_.nodes;

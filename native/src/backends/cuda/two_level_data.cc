@@ -5,13 +5,13 @@
 // rows the gathered tables gave: the flat receive region, bit for bit.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
 
 namespace rankflow::cuda {
 
-void CudaBackend::two_level_dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
+void CudaTwoLevel::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) {
   CudaLayout& st = two_level_layout(l, "dispatch");
   const TwoLevelRouting& two = *st.two;
   const Nodes& nd = c_.nodes;

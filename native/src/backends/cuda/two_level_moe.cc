@@ -23,7 +23,7 @@
 // layout. Per-source counts never go through slots: they travel in the gathered tables.
 #include <cstring>
 
-#include "backend.hpp"
+#include "two_level.hpp"
 #include "driver.hpp"
 #include "faults.hpp"
 
@@ -41,18 +41,18 @@ int64_t meta_bytes(int64_t K) { return (1 + 2 * K) * 4; }
 
 }  // namespace
 
-CUdeviceptr CudaBackend::tl_block(CudaLayout& st, int64_t bytes, const char* what) {
+CUdeviceptr CudaTwoLevel::tl_block(CudaLayout& st, int64_t bytes, const char* what) {
   st.keep.push_back(std::make_shared<DeviceBlock>(pool_, std::max<int64_t>(align_up(bytes, kRegionAlignment), kRegionAlignment), what));
   return st.keep.back()->ptr;
 }
 
-CUdeviceptr CudaBackend::tl_upload(CudaLayout& st, const void* src, int64_t bytes, const char* what) {
+CUdeviceptr CudaTwoLevel::tl_upload(CudaLayout& st, const void* src, int64_t bytes, const char* what) {
   const CUdeviceptr p = tl_block(st, bytes, what);
   from_host(p, src, bytes);
   return p;
 }
 
-void CudaBackend::node_barrier(uint64_t seq, int64_t array, Phase phase) {
+void CudaTwoLevel::node_barrier(uint64_t seq, int64_t array, Phase phase) {
   kargs::BarrierArgs a;
   a.r = rank_args(seq);
   a.array = array;
@@ -61,14 +61,14 @@ void CudaBackend::node_barrier(uint64_t seq, int64_t array, Phase phase) {
   launch_->barrier(stream_, a);
 }
 
-CudaLayout& CudaBackend::two_level_layout(DispatchLayout& l, const char* op) {
+CudaLayout& CudaTwoLevel::two_level_layout(DispatchLayout& l, const char* op) {
   CudaLayout& st = layout_of(l);
   RF_CHECK(st.two != nullptr, "STATE", std::string(op) + ": this handle's dispatch did not run in two levels");
   check_rails(op);
   return st;
 }
 
-void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
+void CudaTwoLevel::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
   const Nodes& nd = c_.nodes;
   const EpConfig& ep = c_.cfg.ep;
   const int W = world(), N = nd.num_nodes, R = nd.ranks_per_node;
@@ -244,7 +244,7 @@ void CudaBackend::two_level_notify(uint64_t seq, DispatchLayout& l, const Dispat
   l.state = std::move(st);
 }
 
-void CudaBackend::two_level_counts(DispatchLayout& l) {
+bool CudaTwoLevel::dispatch_counts(DispatchLayout& l, bool) {  // the notify left every count on the host
   const TwoLevelRouting& two = *layout_of(l).two;
   const int W = world(), j = c_.nodes.local;
   auto k = std::make_shared<RecvCounts>();
@@ -252,6 +252,17 @@ void CudaBackend::two_level_counts(DispatchLayout& l) {
   for (int s = 0; s < W; ++s) k->per_rank[size_t(s)] = two.count[size_t(j * W + s)];
   k->per_expert = two.tokens_per_expert;
   l.set_counts(std::move(k));
+  return true;
+}
+
+// A cached dispatch: the host's plan is the routing; nothing on the device.
+void CudaTwoLevel::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+  const auto& origin = static_cast<const CudaLayout&>(*from.state);
+  auto st = std::make_unique<CudaLayout>();
+  st->two = origin.two;
+  st->mirrored = origin.mirrored;
+  st->cached = true;
+  l.state = std::move(st);
 }
 
 }  // namespace rankflow::cuda

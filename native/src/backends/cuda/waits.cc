@@ -34,16 +34,6 @@ bool CudaBackend::abort_raised() const { return c_.abort.raised(); }
 // dispatch's scratch, the Control block's reports and the mirrored release.
 void CudaBackend::recover() {
   check_alive("recover");
-  // Across nodes the rail communicator's exchanges may have been cut halfway (or it was aborted):
-  // the rank cannot go on after a release, on every rank alike (as the host backend's rails).
-  if (two_level() && c_.abort.released_above() != 0) {
-    mark_dead("a released run in a world whose nodes share no memory");
-    abort_rails();
-    throw Error("RANK_FAILED",
-                "rank " + std::to_string(rank()) + " cannot be put back in step after a released run: its world's nodes share no "
-                "memory, and its rail communicator's exchanges may have been cut halfway; make the group again",
-                rank());
-  }
   try {
     wait_stream(WaitSite{kPhaseNone, -1, "stream"});
   } catch (const Error& e) {
@@ -95,21 +85,18 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
       if (!aborted && abort_raised()) {
         aborted = true;
         mirror_abort();
-        if (two_level()) abort_rails();
+        abort_rails();
       }
       if (!released && !aborted && released_now()) {
         released = true;
         mirror_abort();
-        if (two_level()) {
-          mark_dead("released while its scale-out exchange waited: the rail communicator was aborted");
-          abort_rails();
-        }
+        released_mid_op();
       }
       return false;
     }, [] { return uint64_t(0); });
   } catch (const Error& e) {
     mark_dead("its GPU work did not finish within the GPU timeout");
-    if (two_level()) abort_rails();  // an NCCL kernel waiting for a rail peer: the stream drains now
+    abort_rails();  // two levels: an NCCL kernel waiting for a rail peer; the stream drains now
     throw Error("TIMEOUT_GPU", std::string(e.what()) + ": the rank's GPU work did not finish", site.peer,
                 phase_name(site.phase));
   }
