@@ -10,7 +10,7 @@ import { SCRATCH, type NativeContext } from '../actors/core/addon.js';
 import { DeviceTensor } from '../actors/core/device-tensor.js';
 import type { RankInit } from '../workers/protocol.js';
 import { programHandle } from '../workers/program.js';
-import { RankOps } from '../workers/ops.js';
+import { RankOps } from '../workers/ops/index.js';
 import { EVENTS, RankRunner } from '../workers/runner.js';
 import { provenance } from './provenance.js';
 

@@ -14,7 +14,7 @@ import { DeviceTensor } from '../actors/core/device-tensor.js';
 import type { DispatchHandle } from '../actors/core/validate.js';
 import type { RankInit, WorkerMessage } from '../workers/protocol.js';
 import { programHandle } from '../workers/program.js';
-import { RankOps } from '../workers/ops.js';
+import { RankOps } from '../workers/ops/index.js';
 import { EVENTS, RankRunner } from '../workers/runner.js';
 import { TransitionDecoder } from '../workers/transition-log.js';
 

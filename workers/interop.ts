@@ -6,7 +6,7 @@
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { externalTensor, type DeviceTensor } from '../actors/core/device-tensor.js';
 import type { DType } from '../actors/core/tensor.js';
-import type { RankOps } from './ops.js';
+import type { RankOps } from './ops/index.js';
 
 /** A native call whose errors (plain objects with a code) come out as RankflowErrors. */
 function rankflowErrors<T>(call: () => T): T {

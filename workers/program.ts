@@ -18,7 +18,7 @@ import {
 } from '../actors/core/validate.js';
 import type { HandleRegistry } from '../actors/core/handles.js';
 import { checkKnownKeys, unknownKeyError } from '../actors/core/option-keys.js';
-import type { RankOps } from './ops.js';
+import type { RankOps } from './ops/index.js';
 import { interopMethods } from './interop.js';
 import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
 import { RunAbortState } from './run-abort.js';

@@ -13,7 +13,7 @@ import { RankflowError } from '../actors/core/errors.js';
 import { installErrorTransfer } from '../actors/core/comlink-errors.js';
 import type { Tensor } from '../actors/core/tensor.js';
 import type { CombineInput, DispatchInput } from '../actors/core/validate.js';
-import { RankOps } from './ops.js';
+import { RankOps } from './ops/index.js';
 import { programHandle } from './program.js';
 import { forgetAfterRecovery } from './session-views.js';
 import type { RankInit, RankPosition, RunOutcome } from './protocol.js';

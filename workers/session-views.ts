@@ -16,7 +16,7 @@ import { ASYNC_OPTION_KEYS, type AsyncOptions, type InFlightCollective, type Pen
 import { checkKnownKeys } from '../actors/core/option-keys.js';
 import { checkPositiveInt } from '../actors/core/validate.js';
 import type { InFlightKind } from '../machines/index.js';
-import type { RankOps } from './ops.js';
+import type { RankOps } from './ops/index.js';
 import { EVENTS } from './runner.js';
 
 /** A session view: a host tensor over the window (host), a device tensor in it (cuda). */

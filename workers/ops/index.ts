@@ -5,17 +5,17 @@
 import {
   COMBINE_ARG, DISPATCH_ARG, DISPATCH_DEVICE_ALLOC, DISPATCH_HOST, DISPATCH_IN_BUFFER, DISPATCH_PENDING, SCRATCH, loadAddon, type TensorArg,
   type NativeContext, type NativeDispatchOutputs,
-} from '../actors/core/addon.js';
-import { DeviceTensor } from '../actors/core/device-tensor.js';
-import { HandleRegistry } from '../actors/core/handles.js';
-import { RankflowError } from '../actors/core/errors.js';
-import { ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
+} from '../../actors/core/addon.js';
+import { DeviceTensor } from '../../actors/core/device-tensor.js';
+import { HandleRegistry } from '../../actors/core/handles.js';
+import { RankflowError } from '../../actors/core/errors.js';
+import { ELEMENT_BYTES, fromBytes, numel, tensor, type DType, type Tensor } from '../../actors/core/tensor.js';
 import type {
   CombineResult, DeviceCombineInput, DeviceCombineResult, DeviceDispatchInput, DeviceDispatchResult, DeviceOptions, DispatchResult,
-} from '../actors/core/types.js';
-import type { CombineInput, DispatchHandle, DispatchInput } from '../actors/core/validate.js';
-import type { RankInit } from './protocol.js';
-import { EVENTS, PHASES, type RankRunner } from './runner.js';
+} from '../../actors/core/types.js';
+import type { CombineInput, DispatchHandle, DispatchInput } from '../../actors/core/validate.js';
+import type { RankInit } from '../protocol.js';
+import { EVENTS, PHASES, type RankRunner } from '../runner.js';
 
 const OUT_NAMES = ['x', 'scales', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
 
