@@ -2,33 +2,21 @@
 // run beside the rank's on cuda: the rank's CUDA stream and context as addresses (for the
 // application's kernels and libraries), device tensors over the application's memory, and waits of
 // the rank's stream for events recorded on other streams (rank.recordEvent() is the other way: a
-// CUevent on the rank's stream that other streams wait for). On host each is EINVAL.
-import { invalid, RankflowError } from '../actors/core/errors.js';
-import { externalTensor, type DeviceTensor } from '../actors/core/device-tensor.js';
+// CUevent on the rank's stream that other streams wait for). On host each is EINVAL. The calls
+// themselves, and their checks, are the op table's (workers/ops/device.ts).
+import type { DeviceTensor } from '../actors/core/device-tensor.js';
 import type { DType } from '../actors/core/tensor.js';
-import type { RankOps } from './ops/index.js';
+import type { DeviceOps } from './ops/device.js';
 
-/** A native call whose errors (plain objects with a code) come out as RankflowErrors. */
-function rankflowErrors<T>(call: () => T): T {
-  try {
-    return call();
-  } catch (e) {
-    throw RankflowError.from(e);
-  }
-}
-
-export function interopMethods(ops: RankOps, needCuda: (what: string) => void) {
-  const native = ops.native;
+export function interopMethods(device: DeviceOps) {
   return {
     /** cuda: the rank's CUstream (a non-blocking stream) as an address: queue work on it to run in order with the rank's ops */
     cudaStream(): bigint {
-      needCuda('cudaStream');
-      return rankflowErrors(() => native.cudaStream());
+      return device.cudaStream();
     },
     /** cuda: the rank's CUcontext (the primary context of its GPU, current on the rank's thread) as an address */
     cudaContext(): bigint {
-      needCuda('cudaContext');
-      return rankflowErrors(() => native.cudaContext());
+      return device.cudaContext();
     },
     /**
      * cuda: a device tensor over the application's memory at `ptr` (device memory of this rank's GPU,
@@ -36,18 +24,14 @@ export function interopMethods(ops: RankOps, needCuda: (what: string) => void) {
      * keeps the memory alive) is kept until the tensor's free() or the group's end.
      */
     wrapDevice<D extends DType>(ptr: bigint, dtype: D, shape: number[], opts?: { owner?: unknown }): DeviceTensor<D> {
-      needCuda('wrapDevice');
-      return externalTensor(native, ptr, dtype, shape, opts);
+      return device.wrapDevice(ptr, dtype, shape, opts);
     },
     /**
      * cuda: the rank's stream waits (on the GPU; the CPU goes on) for `event`, a CUevent recorded on
      * any stream of any context: later ops of the rank run after the work before it.
      */
     waitEvent(event: bigint): void {
-      needCuda('waitEvent');
-      if (typeof event !== 'bigint' || event <= 0n || event >= 1n << 64n) throw invalid('event', 'must be a CUevent address as a BigInt in (0, 2^64)');
-      if (ops.capturing) throw new RankflowError('STATE', 'waitEvent inside rank.capture(): a graph cannot wait for an event recorded outside it');
-      rankflowErrors(() => native.eventWait(event));
+      device.waitEvent(event);
     },
   };
 }

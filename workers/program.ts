@@ -5,8 +5,7 @@
 // the ops themselves run synchronously on the rank's thread. RankProgramHandle<'host' | 'cuda'> types
 // what tensor() makes on each backend; the default is both, told apart by `backend`.
 import { invalid, RankflowError } from '../actors/core/errors.js';
-import { DeviceTensor, deviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
-import { SCRATCH } from '../actors/core/addon.js';
+import { DeviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
 import { checkArray, checkTensor, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
 import {
   ASYNC_OPTION_KEYS, DEVICE_COMBINE_INPUT_KEYS, DEVICE_COMBINE_OPTION_KEYS, DEVICE_DISPATCH_INPUT_KEYS, DEVICE_DISPATCH_OPTION_KEYS, DEVICE_OUT_KEYS,
@@ -19,6 +18,7 @@ import {
 import type { HandleRegistry } from '../actors/core/handles.js';
 import { checkKnownKeys, unknownKeyError } from '../actors/core/option-keys.js';
 import type { RankOps } from './ops/index.js';
+import type { ReplayEvent } from './ops/device.js';
 import { interopMethods } from './interop.js';
 import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
 import { RunAbortState } from './run-abort.js';
@@ -37,12 +37,9 @@ export interface CapturedGraph {
 /** `run`: the abort of the group.run that calls the program (workers/run-abort.ts); none by default. */
 export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0)) {
   const { rank, worldSize, buffer, groupId, backend } = ops.init;
-  const native = ops.native;
+  const { device } = ops;
   const cuda = backend === 'cuda';
   const registry = ops.handles;
-  const needCuda = (what: string) => {
-    if (!cuda) throw invalid(what, "needs backend 'cuda' (device tensors, streams and CUDA events)");
-  };
   function dispatch(d: DeviceDispatchInput, opts?: DeviceOptions): Promise<DeviceDispatchResult>;
   function dispatch<D extends DispatchDType>(d: DispatchInput<D>): Promise<DispatchResult<D>>;
   async function dispatch(d: DispatchInput | DeviceDispatchInput, opts?: DeviceOptions): Promise<DispatchResult | DeviceDispatchResult> {
@@ -107,7 +104,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     backend,
     /** host: a host tensor; cuda: a device tensor on this rank's GPU (free() it, or it goes with the group) */
     tensor: ((dtype: DType, shape: number[], data?: ArrayBufferView) =>
-      cuda ? deviceTensor(native, dtype, shape, data) : tensor(dtype, shape, data as never)) as {
+      cuda ? device.tensor(dtype, shape, data) : tensor(dtype, shape, data as never)) as {
       <D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): Tensor<D> | DeviceTensor<D>;
     },
     hostTensor: tensor,
@@ -130,7 +127,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     /** A collective (every rank calls it at the same point): true on every rank if any rank had seen the run aborted. */
     anyAborted: async (): Promise<boolean> => run.anyAborted(ops),
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare, graphLaunches, directLaunches, fusedDispatches) */
-    info: () => native.info(),
+    info: () => ops.native.info(),
     async barrier(opts?: { withCpuSync?: boolean }) {
       if (opts === undefined) return ops.barrier(false);
       if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { withCpuSync? }');
@@ -149,35 +146,23 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
      * belong to the graph (every replay writes them) until graph.free().
      */
     async capture(fn: () => Promise<unknown> | unknown): Promise<CapturedGraph> {
-      needCuda('capture');
-      if (typeof fn !== 'function') throw invalid('fn', 'must be a function');
-      if (ops.capturing) throw new RankflowError('STATE', 'capture: a capture is already in progress on this rank');
-      native.captureBegin();
-      ops.capturing = true;
-      let graph: bigint;
+      device.captureBegin(fn);
       try {
         await fn();
       } catch (e) {
-        ops.capturing = false;
-        try {
-          native.graphFree(native.captureEnd());
-        } catch {
-          // the capture was already invalid: the error that matters is fn's
-        }
+        device.captureDrop();
         throw e;
       }
-      ops.capturing = false;
-      graph = native.captureEnd();
-      const n = new Float64Array(native.scratch)[SCRATCH.graphOps]!;
+      const { graph, ops: n } = device.captureEnd();
       let freed = false;
-      const event = { type: 'REPLAY', ops: n } as const;
+      const event: ReplayEvent = { type: 'REPLAY', ops: n };
       return {
         ops: n,
         // Not async: a replay is one synchronous launch, and the promise it returns is made once.
         replay() {
           try {
             if (freed) throw new RankflowError('STATE', 'this graph was freed');
-            ops.runner.run(event, () => native.replay(graph, n), REPLAY_PHASES);
+            device.replay(graph, event);
             return REPLAYED;
           } catch (e) {
             return Promise.reject(e);
@@ -186,52 +171,36 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
         free() {
           if (freed) return;
           freed = true;
-          native.graphFree(graph);
+          device.graphFree(graph);
         },
       };
     },
     /** cuda: waits for the rank's queued GPU work (device-tensor ops do not wait) */
-    sync: async () => (needCuda('sync'), native.deviceSync()),
+    sync: async () => device.sync(),
     /** cuda: a CUDA event recorded on the rank's stream now */
-    recordEvent: () => (needCuda('recordEvent'), native.eventRecord()),
+    recordEvent: () => device.recordEvent(),
     /** cuda: ms between two recorded events (waits for the stream); the events are kept */
-    elapsedMs: async (start: bigint, end: bigint) => (needCuda('elapsedMs'), native.eventElapsed(start, end)),
-    destroyEvent: (e: bigint) => (needCuda('destroyEvent'), native.eventDestroy(e)),
+    elapsedMs: async (start: bigint, end: bigint) => device.elapsedMs(start, end),
+    destroyEvent: (e: bigint) => device.destroyEvent(e),
     /** cuda: mean ms of fn over iters runs, between CUDA events on the rank's stream (run a warm-up first) */
-    timeIt: async (fn: (i: number) => Promise<unknown>, iters: number): Promise<number> => {
-      needCuda('timeIt');
-      checkPositiveInt('iters', iters);
-      const a = native.eventRecord();
-      for (let i = 0; i < iters; i++) await fn(i);
-      const b = native.eventRecord();
-      try {
-        return native.eventElapsed(a, b) / iters;
-      } finally {
-        native.eventDestroy(a);
-        native.eventDestroy(b);
-      }
-    },
+    timeIt: (fn: (i: number) => Promise<unknown>, iters: number): Promise<number> => device.timeIt(fn, iters),
     /** cuda baselines (ms per op, CUDA events, after `warmup`): every rank calls them together */
-    benchAlltoAll: async (bytes: number, iters: number, warmup = 3) => (needCuda('benchAlltoAll'), native.benchAlltoAll(bytes, iters, warmup)),
-    benchPeerCopy: async (bytes: number, iters: number, warmup = 3) => (needCuda('benchPeerCopy'), native.benchPeerCopy(bytes, iters, warmup)),
+    benchAlltoAll: async (bytes: number, iters: number, warmup = 3) => device.benchAlltoAll(bytes, iters, warmup),
+    benchPeerCopy: async (bytes: number, iters: number, warmup = 3) => device.benchPeerCopy(bytes, iters, warmup),
     /**
      * cuda: device ms of the last dispatch (first launch to the data kernel's end) or combine; waits for the
      * stream. Needs timeOps(true) before that op (STATE otherwise).
      */
-    lastOpDeviceMs: () => (needCuda('lastOpDeviceMs'), native.lastOpMs()),
+    lastOpDeviceMs: () => device.lastOpDeviceMs(),
     /**
      * cuda: whether later dispatches and combines record CUDA events around their launches, for
      * lastOpDeviceMs(). Off by default: the two event records cost the CPU a few µs per op.
      */
-    timeOps: (on = true) => {
-      needCuda('timeOps');
-      if (typeof on !== 'boolean') throw invalid('on', 'must be a boolean');
-      native.setOpTiming(on);
-    },
+    timeOps: (on = true) => device.timeOps(on),
     /** cuda: microseconds per call of an AGRS/engram/pipeline transport on device-resident data (bench/gpu-agrs) */
-    benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => (needCuda('benchAgrs'), native.benchAgrs(op, engine, bytes, iters)),
+    benchAgrs: async (op: string, engine: 'kernel' | 'ce' | 'auto', bytes: number, iters: number) => device.benchAgrs(op, engine, bytes, iters),
     /** tests: hold `sms` SMs of the rank's GPU for `ms` milliseconds (the compute-overlap case) */
-    occupySms: (sms: number, ms: number) => (needCuda('occupySms'), native.occupy(sms, ms)),
+    occupySms: (sms: number, ms: number) => device.occupySms(sms, ms),
     /** An AGRS session (every rank calls it): session tensors, allGather / reduceScatter, { async: true } (session-views.ts) */
     openSession: async (opts: { maxBytes: number; maxAllGathers: number }): Promise<RankSession> => openRankSession(ops, opts),
     async engramWrite(t: Tensor) {
@@ -244,7 +213,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
       checkTensor('input', t);
       return ops.ppExchange(t);
     },
-    ...interopMethods(ops, needCuda),
+    ...interopMethods(device),
   };
 }
 
@@ -268,8 +237,6 @@ export type RankProgramHandle<B extends RankBackend = RankBackend> = B extends R
       tensor<D extends DType>(dtype: D, shape: number[], data?: Tensor<D>['data']): RankTensor<B, D>;
     }
   : never;
-
-const REPLAY_PHASES = Object.freeze(['graph']);
 
 function checkDevice(name: string, t: unknown, dtypes: readonly DType[], numelWant?: number, shape?: Array<number | undefined>): DeviceTensor {
   if (!isDeviceTensor(t)) throw invalid(name, 'must be a device tensor (rank.tensor on cuda)');

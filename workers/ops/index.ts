@@ -16,6 +16,7 @@ import type {
 import type { CombineInput, DispatchHandle, DispatchInput } from '../../actors/core/validate.js';
 import type { RankInit } from '../protocol.js';
 import { EVENTS, PHASES, type RankRunner } from '../runner.js';
+import { DeviceOps } from './device.js';
 
 const OUT_NAMES = ['x', 'scales', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
 
@@ -43,6 +44,8 @@ export class RankOps {
   engram: { dtype: DType; rowShape: number[]; entries: number } | null = null;
   /** the receive buffer's regions as device tensors: the outputs of every outputsInBuffer dispatch (x8: x as fp8) */
   private views: BufferViews | null = null;
+  /** the cuda-only calls of rank programs: device tensors, graphs, events, baselines, interop (./device.ts) */
+  readonly device: DeviceOps;
 
   constructor(
     readonly init: RankInit,
@@ -51,6 +54,7 @@ export class RankOps {
   ) {
     this.f64 = new Float64Array(native.scratch);
     this.u64 = new BigUint64Array(native.scratch);
+    this.device = new DeviceOps(this, native);
   }
 
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
