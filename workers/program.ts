@@ -127,7 +127,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     /** A collective (every rank calls it at the same point): true on every rank if any rank had seen the run aborted. */
     anyAborted: async (): Promise<boolean> => run.anyAborted(ops),
     /** what group.info(rank) says: memory kind, windows, domains, and on cuda the GPU (sms, smShare, graphLaunches, directLaunches, fusedDispatches) */
-    info: () => ops.native.info(),
+    info: () => ops.lifecycle.info(),
     async barrier(opts?: { withCpuSync?: boolean }) {
       if (opts === undefined) return ops.barrier(false);
       if (opts === null || typeof opts !== 'object' || Array.isArray(opts)) throw invalid('options', 'must be { withCpuSync? }');

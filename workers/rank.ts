@@ -18,7 +18,7 @@ import { programHandle } from './program.js';
 import { forgetAfterRecovery } from './session-views.js';
 import type { RankInit, RankPosition, RunOutcome } from './protocol.js';
 import { thrownOf, type ThrownValue } from '../actors/core/thrown.js';
-import { EVENTS, RankRunner } from './runner.js';
+import { RankRunner } from './runner.js';
 import { RunAborts } from './run-abort.js';
 
 if (!parentPort) throw new Error('workers/rank.js must run in a worker thread');
@@ -27,6 +27,7 @@ installErrorTransfer();
 const init = workerData as RankInit;
 
 const addon = loadAddon();
+// The rank's native context, handed to the op table (workers/ops/), which makes every call on it.
 const native = new addon.Context({
   backend: init.backend,
   ...(init.device !== undefined ? { device: init.device } : {}),
@@ -48,30 +49,30 @@ const native = new addon.Context({
   ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),
 }, new Int32Array(init.abort));
 
-if (init.traffic) native.trafficWords(new BigUint64Array(init.traffic));
-
 const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0 }, port, init.inspect);
-runner.nativeSeq = () => native.seq();
 const ops = new RankOps(init, native, runner);
+const { lifecycle } = ops;
+if (init.traffic) lifecycle.trafficWords(new BigUint64Array(init.traffic));
+runner.nativeSeq = () => lifecycle.seq();
 const runs = new RunAborts(new Int32Array(init.runAbort));
 // A wait that lasts: the main thread sees the rank's state while its thread is blocked in the op.
-native.onSlowWait(() => runner.flush());
+lifecycle.onSlowWait(() => runner.flush());
 
 const buffersOf = (...arrays: Array<ArrayBufferView | undefined>): ArrayBuffer[] =>
   [...new Set(arrays.filter((a): a is ArrayBufferView => a !== undefined).map((a) => a.buffer as ArrayBuffer))];
 
 const api = {
   exported(): ExportedSegments {
-    return native.exported();
+    return lifecycle.exported();
   },
   info() {
-    return { ...native.info(), state: runner.state() };
+    return { ...lifecycle.info(), state: runner.state() };
   },
   ncclUniqueId(): Uint8Array | null {
-    return native.ncclUniqueId();
+    return lifecycle.ncclUniqueId();
   },
   ncclInit(id: Uint8Array): void {
-    native.ncclInit(id);
+    lifecycle.ncclInit(id);
   },
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
     ops.register(peers);
@@ -79,10 +80,10 @@ const api = {
   },
   /** A world that spans nodes: the rank's scale-out listener, then its connections (before register). */
   scaleoutListen(host: string): number {
-    return native.scaleoutListen(host);
+    return lifecycle.scaleoutListen(host);
   },
   scaleoutConnect(endpoints: Array<{ host: string; port: number }>, key: Uint8Array, timeoutMs: number): void {
-    native.scaleoutConnect(endpoints, key, timeoutMs);
+    lifecycle.scaleoutConnect(endpoints, key, timeoutMs);
   },
   /** A peer is gone (the main thread already raised the abort words): the machine records it. */
   peerFailed(error: FailureInfo): void {
@@ -97,10 +98,10 @@ const api = {
   },
   /** Layout probes (tests): through this rank's translated pointer into `peer`'s window. */
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint {
-    return native.writePeer(peer, offset, bytes);
+    return lifecycle.writePeer(peer, offset, bytes);
   },
   readWindow(offset: number, length: number): Uint8Array {
-    return native.readWindow(offset, length);
+    return lifecycle.readWindow(offset, length);
   },
   /**
    * Runs the program; how it ended (its value, or what it threw) and where the rank stands then: the
@@ -127,15 +128,14 @@ const api = {
   /** Where the rank stands (its seq, sessions and state); seq -1 once its context is destroyed. */
   position(): RankPosition {
     try {
-      return { seq: native.seq(), sessions: native.sessionCount(), state: runner.state() };
+      return { seq: lifecycle.seq(), sessions: lifecycle.sessionCount(), state: runner.state() };
     } catch {
       return { seq: -1, sessions: -1, state: runner.state() };
     }
   },
   /** After a released run, the rank in step with the group: `seq` and `sessions` are the group's (ops/recover.cc). */
   recover(seq: number, sessions: number): void {
-    ops.capturing = false;
-    runner.recover(seq, () => native.recover(seq, sessions));
+    lifecycle.recover(seq, sessions);
     forgetAfterRecovery(ops);
   },
   abortRun(runId: number, reason: string): void {
@@ -143,13 +143,7 @@ const api = {
   },
   destroy(): void {
     if (runner.state() === 'destroyed') return;
-    try {
-      runner.run(EVENTS.destroy, () => native.destroy());
-    } catch (e) {
-      // A rank that cannot take DESTROY now (mid-operation) is torn down anyway.
-      if ((e as RankflowError).code !== 'STATE') throw e;
-      native.destroy();
-    }
+    lifecycle.destroy();
     runner.flush();
     runner.stop();
   },
@@ -201,5 +195,5 @@ Comlink.expose(api, {
     endpoint.postMessage(message, transfer);
   },
 });
-runner.post({ kind: 'started', rank: init.rank, abortOffset: native.abortOffset });
+runner.post({ kind: 'started', rank: init.rank, abortOffset: lifecycle.abortOffset });
 runner.flush();

@@ -17,6 +17,7 @@ import type { CombineInput, DispatchHandle, DispatchInput } from '../../actors/c
 import type { RankInit } from '../protocol.js';
 import { EVENTS, PHASES, type RankRunner } from '../runner.js';
 import { DeviceOps } from './device.js';
+import { LifecycleOps } from './lifecycle.js';
 
 const OUT_NAMES = ['x', 'scales', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
 
@@ -46,6 +47,8 @@ export class RankOps {
   private views: BufferViews | null = null;
   /** the cuda-only calls of rank programs: device tensors, graphs, events, baselines, interop (./device.ts) */
   readonly device: DeviceOps;
+  /** the rank's calls around its ops: exports, NCCL, scale-out, info, probes, counts, recover, destroy (./lifecycle.ts) */
+  readonly lifecycle: LifecycleOps;
 
   constructor(
     readonly init: RankInit,
@@ -55,6 +58,7 @@ export class RankOps {
     this.f64 = new Float64Array(native.scratch);
     this.u64 = new BigUint64Array(native.scratch);
     this.device = new DeviceOps(this, native);
+    this.lifecycle = new LifecycleOps(this, native);
   }
 
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
