@@ -1,8 +1,9 @@
 // The `rank` a rank program receives (group.run): the same operations as driver mode with no thread
 // hop, checked here (rank programs skip the main thread), on host tensors or, on cuda, device tensors;
 // plus the cuda extras (streams, events, graphs, baselines, interop with the application's own GPU
-// work: workers/interop.ts). The collectives are async, so a bad input rejects rather than throws;
-// the ops themselves run synchronously on the rank's thread. RankProgramHandle<'host' | 'cuda'> types
+// work: workers/interop.ts), whose calls and checks are the op table's (workers/ops/device.ts). The
+// collectives are async, so a bad input rejects rather than throws; the ops themselves run
+// synchronously on the rank's thread, every native call made by the op table (workers/ops/). RankProgramHandle<'host' | 'cuda'> types
 // what tensor() makes on each backend; the default is both, told apart by `backend`.
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';

@@ -167,11 +167,11 @@ const api = {
   },
   sessionOpen: (maxBytes: number, maxAllGathers: number) => ops.sessionOpen(maxBytes, maxAllGathers),
   sessionAllGather: (t: Tensor) => {
-    const r = ops.sessionAllGather(t);
+    const r = ops.sessionAllGather(t) as Tensor;
     return Comlink.transfer(r, buffersOf(r.data));
   },
   sessionReduceScatter: (t: Tensor) => {
-    const r = ops.sessionReduceScatter(t);
+    const r = ops.sessionReduceScatter(t) as Tensor;
     return Comlink.transfer(r, buffersOf(r.data));
   },
   sessionClose: () => ops.sessionClose(),

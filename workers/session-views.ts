@@ -8,7 +8,8 @@
 //    async an ordinary tensor is copied in and out as before; a session tensor gives the view.
 //  - engramFetchAsync (rank.engramFetch(ids, { async: true })): { wait() }, other ops run meanwhile.
 // Each op is still one pass of the rank machine: its event in, the issue, ISSUED (the rank stays in
-// the op's state while it is in flight), and COMPLETED (or FAILED) at its wait.
+// the op's state while it is in flight), and COMPLETED (or FAILED) at its wait. The native calls
+// (regions, views, issue, wait) are the op table's: workers/ops/session.ts.
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
 import { checkTensor, ELEMENT_BYTES, fromBytes, isDType, numel, type DType, type Tensor } from '../actors/core/tensor.js';
@@ -17,24 +18,12 @@ import { checkKnownKeys } from '../actors/core/option-keys.js';
 import { checkPositiveInt } from '../actors/core/validate.js';
 import type { InFlightKind } from '../machines/index.js';
 import type { RankOps } from './ops/index.js';
+import { SessionDeviceView } from './ops/session.js';
 import { EVENTS } from './runner.js';
 
 /** A session view: a host tensor over the window (host), a device tensor in it (cuda). */
 export type SessionTensor<D extends DType = DType> = Tensor<D> & DeviceTensor<D>;
 type AnyTensor = Tensor | DeviceTensor;
-
-/** A device tensor in the session's buffer: unusable once its session closed (the next one reuses the memory). */
-class SessionDeviceView<D extends DType = DType> extends DeviceTensor<D> {
-  private revokedBy: string | null = null;
-  override get ptr(): bigint {
-    if (this.revokedBy !== null) throw new RankflowError('STATE', this.revokedBy);
-    return super.ptr;
-  }
-  /** @internal */
-  revoke(why: string): void {
-    this.revokedBy = why;
-  }
-}
 
 /** What each rank has in flight outside sessions (engram fetches), for clear refusals. */
 const fetchesInFlight = new WeakMap<RankOps, number>();
@@ -79,13 +68,13 @@ function checkAsyncOptions(opts: unknown): boolean {
 
 /** A collective's or fetch's wait: the native wait, then COMPLETED (its failure: FAILED, the rank failed). */
 function finish(ops: RankOps, id: number, kind: InFlightKind): ArrayBuffer | undefined {
-  const { runner, native } = ops;
+  const { runner, session } = ops;
   const state = runner.state();
   if (state === 'destroying' || state === 'destroyed') throw new RankflowError('STATE', `rank ${runner.rank} is ${state}: its ops in flight are gone`);
   const failure = runner.failure();
   if (failure) {
     try {
-      native.inflightWait(id); // its memory is the op's until this returns
+      session.wait(id); // its memory is the op's until this returns
     } catch {
       // the rank's own failure is the error that matters
     }
@@ -93,7 +82,7 @@ function finish(ops: RankOps, id: number, kind: InFlightKind): ArrayBuffer | und
   }
   let out: ArrayBuffer | undefined;
   try {
-    out = native.inflightWait(id);
+    out = session.wait(id);
   } catch (e) {
     runner.fail(e);
   }
@@ -139,7 +128,7 @@ export class RankSession {
     if (bytes === 0) throw invalid('shape', 'a session tensor needs at least one element');
     if (bytes > this.maxBytes) throw invalid('shape', `[${shape.join(', ')}] ${dtype} is ${bytes} bytes; the session's maxBytes is ${this.maxBytes}`);
     if (!this.ops.runner.state().startsWith('session.')) throw new RankflowError('STATE', `rank ${this.ops.init.rank} is in state '${this.ops.runner.state()}': no session to hold a tensor`);
-    return this.view(dtype, shape, this.ops.native.sessionTensor(bytes));
+    return this.view(dtype, shape, this.ops.session.region(bytes));
   }
 
   /** allGather: [W * n, ...] in rank order. { async: true }: { result, wait() } at once (no local copy of a session tensor). */
@@ -209,30 +198,16 @@ export class RankSession {
     this.checkOpen(kind === 'gather' ? 'allGather' : 'reduceScatter');
     // Session tensors (and their results) stay in the buffer: a view comes back, no copy either way.
     if (isDeviceTensor(t) ? t instanceof SessionDeviceView : this.isHostView(t)) return this.collective(kind, t, false) as SessionTensor;
-    if (!isDeviceTensor(t)) {
-      this.checkInput(kind, t);
-      return kind === 'gather' ? this.ops.sessionAllGather(t) : this.ops.sessionReduceScatter(t);
-    }
-    // A device tensor of its own: copied in, and out into a device tensor of the result's shape.
-    const { size, bf16, shape } = this.checkInput(kind, t);
-    const bytes = numel(shape) * ELEMENT_BYTES[t.dtype];
-    const { native, runner } = this.ops;
-    const out = new DeviceTensor(native, t.dtype, shape, native.deviceAlloc(bytes));
-    try {
-      if (kind === 'gather') runner.run(EVENTS.sessionAllGather, () => native.sessionAllGather(t.ptr, size, out.ptr));
-      else runner.run(EVENTS.sessionReduceScatter, () => native.sessionReduceScatter(t.ptr, size, bf16, out.ptr));
-    } catch (e) {
-      out.free();
-      throw e;
-    }
-    return out;
+    // Otherwise copied in, and out into a tensor of the result's shape (a device tensor of its own on cuda).
+    this.checkInput(kind, t);
+    return kind === 'gather' ? this.ops.sessionAllGather(t) : this.ops.sessionReduceScatter(t);
   }
 
   /** The op through the machine: its event in, the native issue, then ISSUED (async) or the wait and DONE. */
   private collective(kind: 'gather' | 'reduce', t: AnyTensor, async: boolean): InFlightCollective<SessionTensor> | SessionTensor {
     const what = kind === 'gather' ? 'allGather' : 'reduceScatter';
     this.checkOpen(what);
-    const { runner, native } = this.ops;
+    const { runner, session } = this.ops;
     if (this.ops.capturing) throw new RankflowError('STATE', `${what}: session collectives cannot be captured into a graph`);
     const { arg, size, bf16, shape } = this.checkInput(kind, t);
     // Refused here, before the machine: natively this is a STATE that would fail the rank.
@@ -241,14 +216,14 @@ export class RankSession {
     runner.enter(kind === 'gather' ? EVENTS.sessionAllGather : EVENTS.sessionReduceScatter);
     let id = 0, at = 0;
     try {
-      [id, at] = native.sessionIssue(kind === 'reduce', arg, size, bf16);
+      [id, at] = session.issue(kind === 'reduce', arg, size, bf16);
     } catch (e) {
       runner.fail(e);
     }
     const result = this.view(t.dtype, shape, at);
     if (!async) {
       try {
-        native.inflightWait(id);
+        session.wait(id);
       } catch (e) {
         runner.fail(e);
       }
@@ -294,16 +269,16 @@ export class RankSession {
   /** A view of `shape` at window offset `offset`: host, a tensor over the mapped window; cuda, a device tensor there. */
   private view<D extends DType>(dtype: D, shape: number[], offset: number): SessionTensor<D> {
     const bytes = numel(shape) * ELEMENT_BYTES[dtype];
-    const { native } = this.ops;
+    const { session } = this.ops;
     if (!this.cuda) {
-      const ab = native.windowView(offset, bytes);
+      const ab = session.hostView(offset, bytes);
       hostViews.add(ab);
       viewOffsets.set(ab, offset);
       this.mine.add(ab);
       return fromBytes(dtype, shape, new Uint8Array(ab)) as SessionTensor<D>;
     }
-    this.window ??= native.info().window;
-    const v = new SessionDeviceView(native, dtype, shape, this.window + BigInt(offset), false);
+    this.window ??= session.window();
+    const v = session.deviceView(dtype, shape, this.window + BigInt(offset));
     this.deviceViews.push(v);
     viewOffsets.set(v, offset);
     this.mine.add(v);
@@ -332,7 +307,7 @@ export function openRankSession(ops: RankOps, opts: { maxBytes: number; maxAllGa
  * cuda: on its stream); wait() gives the rows: a host tensor, or on cuda a device tensor of its own.
  */
 export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Tensor | DeviceTensor> {
-  const { runner, native } = ops;
+  const { runner, session } = ops;
   if (ops.capturing) throw new RankflowError('STATE', 'engramFetch: an asynchronous fetch cannot be captured into a graph');
   const inFlight = fetchesInFlight.get(ops) ?? 0;
   if (inFlight >= MAX_FETCHES_IN_FLIGHT)
@@ -342,7 +317,7 @@ export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Te
   runner.enter(EVENTS.engramFetch);
   let id = 0, ptr = 0n;
   try {
-    [id, ptr] = native.engramFetchIssue(ids);
+    [id, ptr] = session.fetchIssue(ids);
   } catch (e) {
     runner.fail(e);
   }
@@ -357,7 +332,7 @@ export function engramFetchAsync(ops: RankOps, ids: Int32Array): PendingFetch<Te
       checkNotRecovered(ops, since, 'engramFetch');
       waited = true;
       fetchesInFlight.set(ops, (fetchesInFlight.get(ops) ?? 1) - 1);
-      const owned = ops.init.backend === 'cuda' ? new DeviceTensor(native, meta.dtype, shape, ptr) : null;
+      const owned = ops.init.backend === 'cuda' ? session.fetchedRows(meta.dtype, shape, ptr) : null;
       let rows: ArrayBuffer | undefined;
       try {
         rows = finish(ops, id, 'fetch');

@@ -18,6 +18,7 @@ import type { RankInit } from '../protocol.js';
 import { EVENTS, PHASES, type RankRunner } from '../runner.js';
 import { DeviceOps } from './device.js';
 import { LifecycleOps } from './lifecycle.js';
+import { SessionOps } from './session.js';
 
 const OUT_NAMES = ['x', 'scales', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
 
@@ -49,16 +50,19 @@ export class RankOps {
   readonly device: DeviceOps;
   /** the rank's calls around its ops: exports, NCCL, scale-out, info, probes, counts, recover, destroy (./lifecycle.ts) */
   readonly lifecycle: LifecycleOps;
+  /** the native side of rank programs' session views and asynchronous ops: regions, views, issue, wait (./session.ts) */
+  readonly session: SessionOps;
 
   constructor(
     readonly init: RankInit,
-    readonly native: NativeContext,
+    private readonly native: NativeContext,
     readonly runner: RankRunner,
   ) {
     this.f64 = new Float64Array(native.scratch);
     this.u64 = new BigUint64Array(native.scratch);
     this.device = new DeviceOps(this, native);
     this.lifecycle = new LifecycleOps(this, native);
+    this.session = new SessionOps(native);
   }
 
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
@@ -288,19 +292,44 @@ export class RankOps {
     this.run(EVENTS.sessionOpen, () => this.native.sessionOpen(maxBytes, maxAllGathers));
   }
 
-  sessionAllGather(t: Tensor): Tensor {
+  // A session collective of a tensor that is not a view of the session's buffer: copied in, and out
+  // into a host tensor, or on cuda a device tensor of its own (a pass of the machine even while capturing).
+  sessionAllGather(t: Tensor | DeviceTensor): Tensor | DeviceTensor {
+    const W = this.init.worldSize;
     const bytes = numel(t.shape) * ELEMENT_BYTES[t.dtype];
-    const out = new Uint8Array(bytes * this.init.worldSize);
+    const shape = [W * (t.shape[0] ?? 1), ...t.shape.slice(1)];
+    if (t instanceof DeviceTensor) {
+      const out = new DeviceTensor(this.native, t.dtype, shape, this.native.deviceAlloc(bytes * W));
+      try {
+        this.runner.run(EVENTS.sessionAllGather, () => this.native.sessionAllGather(t.ptr, bytes, out.ptr));
+      } catch (e) {
+        out.free();
+        throw e;
+      }
+      return out;
+    }
+    const out = new Uint8Array(bytes * W);
     this.run(EVENTS.sessionAllGather, () => this.native.sessionAllGather(t.data, bytes, out));
-    return fromBytes(t.dtype, [this.init.worldSize * (t.shape[0] ?? 1), ...t.shape.slice(1)], out);
+    return fromBytes(t.dtype, shape, out);
   }
 
-  sessionReduceScatter(t: Tensor): Tensor {
+  sessionReduceScatter(t: Tensor | DeviceTensor): Tensor | DeviceTensor {
     const W = this.init.worldSize;
     const n = numel(t.shape) / W;
+    const shape = [t.shape[0]! / W, ...t.shape.slice(1)];
+    if (t instanceof DeviceTensor) {
+      const out = new DeviceTensor(this.native, t.dtype, shape, this.native.deviceAlloc(n * ELEMENT_BYTES[t.dtype]));
+      try {
+        this.runner.run(EVENTS.sessionReduceScatter, () => this.native.sessionReduceScatter(t.ptr, n, t.dtype === 'bf16', out.ptr));
+      } catch (e) {
+        out.free();
+        throw e;
+      }
+      return out;
+    }
     const out = t.dtype === 'bf16' ? new Uint16Array(n) : new Float32Array(n);
     this.run(EVENTS.sessionReduceScatter, () => this.native.sessionReduceScatter(t.data, n, t.dtype === 'bf16', out));
-    return tensor(t.dtype, [t.shape[0]! / W, ...t.shape.slice(1)], out as never);
+    return tensor(t.dtype, shape, out as never);
   }
 
   sessionClose(): void {
