@@ -1,6 +1,7 @@
 // The architecture's rules, checked on the tree (README, "How it is built"): every source file of the
 // layers says in its first lines what it holds and stays readable in size; the environment is read in
-// one place; the runtime never asks which backend it runs on (it calls the backend).
+// one place; the runtime never asks which backend it runs on (it calls the backend); in workers/, only
+// the op table (workers/ops/) calls the rank's native context.
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -83,6 +84,48 @@ describe('the source tree', () => {
     }
     expect(ts.length).toBeGreaterThan(50);
     expect(back).toEqual([]);
+  });
+
+  it("workers/ops/ (the op table) is the one place in workers/ that calls the rank's native context, and holds it privately", () => {
+    // Without comments (a comment may name a native call); '://' in a string is not one.
+    const code = (f: string): string => read(f).replace(/\/\*[\s\S]*?\*\//g, '').replace(/(^|\s)\/\/.*$/gm, '$1');
+    const addon = read('actors/core/addon.ts');
+    const body = addon.slice(addon.indexOf('export interface NativeContext {'), addon.indexOf('\n}', addon.indexOf('export interface NativeContext {')));
+    const members = new Set([...body.matchAll(/^\s+(?:readonly\s+)?(\w+)\s*[(:]/gm)].map((m) => m[1]!));
+    expect(members).toContain('inflightWait');
+    expect(members).toContain('abortOffset');
+    const opsDir = path.join('workers', 'ops') + path.sep;
+    const table = layers.filter((f) => f.startsWith(opsDir));
+    const others = layers.filter((f) => f.startsWith('workers' + path.sep) && !f.startsWith(opsDir));
+    expect(table).toContain(path.join('workers', 'ops', 'index.ts'));
+    expect(others).toContain(path.join('workers', 'program.ts'));
+    // Names the op table declares too (info, seq, barrier, ...) are called outside it through the table.
+    const declared = new Set(table.flatMap((f) => [...code(f).matchAll(/^\s+(?:async\s+|get\s+)?(\w+)\s*(?:<[^>]*>)?\(/gm)].map((m) => m[1]!)));
+    const onlyNative = [...members].filter((m) => !declared.has(m));
+    expect(onlyNative).toContain('inflightWait');
+    const calls: string[] = [];
+    for (const f of others) {
+      const src = code(f);
+      for (const m of src.matchAll(/(?<![.\w$])(?:native|context|ctx|nativeContext)\s*\??\.\s*(\w+)/g)) if (members.has(m[1]!)) calls.push(`${f}: ${m[0]}`);
+      for (const m of src.matchAll(new RegExp(`\\.\\s*(?:${onlyNative.join('|')})\\b`, 'g'))) calls.push(`${f}: ${m[0]}`);
+      for (const m of src.matchAll(/\.native\b|\{[^{}]*\bnative\b[^{}]*\}\s*=|\bNativeContext\b/g)) calls.push(`${f}: ${m[0]}`);
+      // device tensors call the context they are made with: only the op table makes them
+      for (const m of src.matchAll(/\bnew\s+(?:DeviceTensor|SessionDeviceView)\b|\b(?:deviceTensor|deviceEmpty|externalTensor)\s*\(/g)) calls.push(`${f}: ${m[0]}`);
+    }
+    expect(calls).toEqual([]);
+    // The context is made in the worker's entry, and its one use there is to hand it to RankOps.
+    const made = others.filter((f) => /\.Context\s*\(/.test(code(f)));
+    expect(made).toEqual([path.join('workers', 'rank.ts')]);
+    const rank = code(path.join('workers', 'rank.ts'));
+    const name = /(?:const|let)\s+(\w+)\s*=\s*new\s+\w+\.Context\s*\(/.exec(rank)?.[1];
+    expect(name).toBeDefined();
+    const uses = [...rank.matchAll(new RegExp(`\\b${name}\\b`, 'g'))].length;
+    expect(new RegExp(`new RankOps\\(\\s*\\w+\\s*,\\s*${name}\\s*,`).test(rank)).toBe(true);
+    expect(uses).toBe(2);
+    // Inside the table the context is private to RankOps and its parts.
+    const held = table.flatMap((f) => [...code(f).matchAll(/^\s*(.*?)\bnative\s*:\s*NativeContext\b/gm)].map((m) => `${f}: ${m[1]!.trim()}`));
+    expect(held.length).toBeGreaterThanOrEqual(4);
+    expect(held.filter((h) => !h.endsWith('private readonly'))).toEqual([]);
   });
 
   it('README\'s table of run-time variables is what actors/core/config.ts reads', () => {

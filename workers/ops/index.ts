@@ -1,7 +1,10 @@
-// The op table of one rank: for each operation, its tensors marshalled into one synchronous native
-// call, run by the runner as one pass of the rank machine (event in, call, DONE / FAILED out), and
-// its results made into tensors. Driver mode (comlink) and rank programs (workers/program.ts) both
-// come through here; inputs are checked before (on the main thread, or by the program handle).
+// The op table of one rank, the one place in workers/ that calls the rank's native context: for each
+// operation, its tensors marshalled into one synchronous native call, run by the runner as one pass
+// of the rank machine (event in, call, DONE / FAILED out), and its results made into tensors. Driver
+// mode (comlink) and rank programs (workers/program.ts) both come through here; inputs are checked
+// before (on the main thread, or by the program handle). RankOps holds the collectives; the context's
+// other calls are its parts: ops.device (./device.ts, the cuda-only extras), ops.lifecycle
+// (./lifecycle.ts, around the ops) and ops.session (./session.ts, session views and ops in flight).
 import {
   COMBINE_ARG, DISPATCH_ARG, DISPATCH_DEVICE_ALLOC, DISPATCH_HOST, DISPATCH_IN_BUFFER, DISPATCH_PENDING, SCRATCH, loadAddon, type TensorArg,
   type NativeContext, type NativeDispatchOutputs,
