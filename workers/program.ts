@@ -3,8 +3,9 @@
 // plus the cuda extras (streams, events, graphs, baselines, interop with the application's own GPU
 // work: workers/interop.ts), whose calls and checks are the op table's (workers/ops/device.ts). The
 // collectives are async, so a bad input rejects rather than throws; the ops themselves run
-// synchronously on the rank's thread, every native call made by the op table (workers/ops/). RankProgramHandle<'host' | 'cuda'> types
-// what tensor() makes on each backend; the default is both, told apart by `backend`.
+// synchronously on the rank's thread, every native call made by the op table (workers/ops/).
+// RankProgramHandle<'host' | 'cuda'> types what tensor() makes on each backend; the default is both,
+// told apart by `backend`.
 import { invalid, RankflowError } from '../actors/core/errors.js';
 import { DeviceTensor, isDeviceTensor } from '../actors/core/device-tensor.js';
 import { checkArray, checkTensor, numel, tensor, type DType, type Tensor } from '../actors/core/tensor.js';
