@@ -305,6 +305,19 @@ for (const layout of layouts([2, 4])) {
       await bothCombine(c, hh, 21, {}, 'after the refused handle');
     });
 
+    test('device tensors of more tokens than buffer.maxTokensPerRank: EINVAL on every rank from the runtime, nothing entered; the group goes on', async () => {
+      const res = await cuda.run(program('moe-too-many.mjs'), { tokens: MOE_BUFFER.maxTokensPerRank + 1 });
+      for (const r of res) {
+        for (const o of r.refusals) {
+          assert.equal(o.code, 'EINVAL', JSON.stringify(res));
+          assert.match(o.message, /input\.x has 129 tokens \(rows\), above buffer\.maxTokensPerRank \(128\)/);
+        }
+      }
+      await cuda.barrier();
+      const [c, hh] = await bothDispatch(inputs(19, tokens), 'after the refused counts');
+      await bothCombine(c, hh, 20, {}, 'after the refused counts');
+    });
+
     test('an expert id out of range in a device tensor: the kernel reports it, the dispatch is EINVAL naming topkIdx; the group goes on', async () => {
       const res = await cuda.run(program('moe-bad-id.mjs'), { tokens });
       assert.ok(res.some((o) => o.code === 'EINVAL' && /topkIdx\[\d+\]: 999 is outside \[0, 256\)/.test(o.message)), JSON.stringify(res));

@@ -26,7 +26,8 @@ Napi::Value ContextWrap::Dispatch(const Napi::CallbackInfo& info) {
   PendingDispatch p;
   DispatchInput& in = p.in;
   const double* args = scratch_f64_ + kScratchArgs;
-  in.num_tokens = int_of(env, args[dispatch_arg::kNumTokens], "numTokens", 0, ep.max_tokens_per_rank);
+  // The count only as a number here: the runtime refuses one above buffer.maxTokensPerRank (ops/dispatch.cc).
+  in.num_tokens = int_of(env, args[dispatch_arg::kNumTokens], "numTokens", 0, INT32_MAX);
   in.x_elem_bytes = int_of(env, args[dispatch_arg::kXElemBytes], "xElemBytes", 1, 2);
   in.expert_alignment = int_of(env, args[dispatch_arg::kExpertAlignment], "expertAlignment", 1, 1 << 16);
   in.handle = uint32_t(int_of(env, args[dispatch_arg::kHandle], "handle", 0, UINT32_MAX));

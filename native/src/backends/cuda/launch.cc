@@ -208,9 +208,8 @@ int Launcher::notify_blocks(int64_t tokens) const {
 
 void Launcher::check_notify(const kargs::NotifyArgs& a) const {
   check_moe(a.r, a.m, "dispatch notify");
-  RF_CUDA_REQUIRE(a.num_tokens >= 0 && a.num_tokens <= a.m.max_tokens,
-                  "dispatch: x has " + std::to_string(a.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
-                      std::to_string(a.m.max_tokens) + ")");
+  // Invariants of the kernels' memory (the runtime refused a user's too many tokens: ops/dispatch.cc).
+  RF_CUDA_REQUIRE(a.num_tokens >= 0 && a.num_tokens <= a.m.max_tokens, "dispatch notify: num_tokens out of range.");
   RF_CUDA_REQUIRE(a.num_tokens == 0 || a.topk_idx != nullptr, "dispatch notify: no topkIdx.");
   RF_CUDA_REQUIRE(a.keep_weights == nullptr || a.topk_weights != nullptr, "dispatch notify: a weights copy without topkWeights.");
 }
@@ -219,8 +218,7 @@ void Launcher::check_data(const kargs::DispatchArgs& a) const {
   check_moe(a.r, a.m, "dispatch");
   const auto& in = a.in;
   const auto& out = a.out;
-  RF_CUDA_REQUIRE(in.num_tokens >= 0 && in.num_tokens <= a.m.max_tokens,
-                  "dispatch: x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank");
+  RF_CUDA_REQUIRE(in.num_tokens >= 0 && in.num_tokens <= a.m.max_tokens, "dispatch: num_tokens out of range.");
   RF_CUDA_REQUIRE(in.x_elem_bytes == 1 || in.x_elem_bytes == 2, "dispatch: x must be bf16 (2 bytes) or fp8 (1 byte).");
   RF_CUDA_REQUIRE((int64_t(a.m.hidden) * in.x_elem_bytes) % 16 == 0, "dispatch: x rows must be a multiple of 16 bytes.");
   RF_CUDA_REQUIRE(aligned16(in.x) && aligned16(out.x), "dispatch: x and out.x must be 16-byte aligned.");

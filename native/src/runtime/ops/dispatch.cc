@@ -20,7 +20,7 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
   b.check_alive("dispatch");
   b.check_runs("dispatch");
   RF_CHECK(in.num_tokens >= 0 && in.num_tokens <= ep.max_tokens_per_rank, "EINVAL",
-           "x has " + std::to_string(in.num_tokens) + " tokens, above buffer.maxTokensPerRank (" +
+           "input.x has " + std::to_string(in.num_tokens) + " tokens (rows), above buffer.maxTokensPerRank (" +
                std::to_string(ep.max_tokens_per_rank) + ")");
   // A group made with a small buffer.bytes (allGather or pipeline only) has no room for the receive regions.
   RF_CHECK(c.buf.bytes <= c.buffer_bytes(), "EINVAL",
