@@ -90,14 +90,7 @@ export class RankOps {
     const shape = [W * (t.shape[0] ?? 1), ...t.shape.slice(1)];
     const bytes = numel(t.shape) * ELEMENT_BYTES[t.dtype];
     if (t instanceof DeviceTensor) {
-      const out = new DeviceTensor(this.native, t.dtype, shape, this.native.deviceAlloc(bytes * W));
-      try {
-        this.run(EVENTS.allGather, () => this.native.allGather(t.ptr, bytes, out.ptr));
-      } catch (e) {
-        out.free();
-        throw e;
-      }
-      return out;
+      return this.intoNew(t.dtype, shape, bytes * W, (out) => this.run(EVENTS.allGather, () => this.native.allGather(t.ptr, bytes, out)));
     }
     const out = new Uint8Array(bytes * W);
     this.run(EVENTS.allGather, () => this.native.allGather(t.data, bytes, out));
@@ -145,6 +138,18 @@ export class RankOps {
 
   private run<T>(event: Parameters<RankRunner['run']>[0], fn: () => T, phases?: readonly string[]): T {
     return this.capturing ? fn() : this.runner.run(event, fn, phases);
+  }
+
+  /** A collective `call` into a new device tensor of `bytes` (its address): the tensor, freed again if the call fails. */
+  private intoNew(dtype: DType, shape: number[], bytes: number, call: (out: bigint) => void): DeviceTensor {
+    const out = new DeviceTensor(this.native, dtype, shape, this.native.deviceAlloc(bytes));
+    try {
+      call(out.ptr);
+    } catch (e) {
+      out.free();
+      throw e;
+    }
+    return out;
   }
 
   /** A combine's numbers, into the scratch's args words (addon.ts COMBINE_ARG) just before its call. */
@@ -302,14 +307,8 @@ export class RankOps {
     const bytes = numel(t.shape) * ELEMENT_BYTES[t.dtype];
     const shape = [W * (t.shape[0] ?? 1), ...t.shape.slice(1)];
     if (t instanceof DeviceTensor) {
-      const out = new DeviceTensor(this.native, t.dtype, shape, this.native.deviceAlloc(bytes * W));
-      try {
-        this.runner.run(EVENTS.sessionAllGather, () => this.native.sessionAllGather(t.ptr, bytes, out.ptr));
-      } catch (e) {
-        out.free();
-        throw e;
-      }
-      return out;
+      const call = (out: bigint) => this.runner.run(EVENTS.sessionAllGather, () => this.native.sessionAllGather(t.ptr, bytes, out));
+      return this.intoNew(t.dtype, shape, bytes * W, call);
     }
     const out = new Uint8Array(bytes * W);
     this.run(EVENTS.sessionAllGather, () => this.native.sessionAllGather(t.data, bytes, out));
@@ -321,14 +320,8 @@ export class RankOps {
     const n = numel(t.shape) / W;
     const shape = [t.shape[0]! / W, ...t.shape.slice(1)];
     if (t instanceof DeviceTensor) {
-      const out = new DeviceTensor(this.native, t.dtype, shape, this.native.deviceAlloc(n * ELEMENT_BYTES[t.dtype]));
-      try {
-        this.runner.run(EVENTS.sessionReduceScatter, () => this.native.sessionReduceScatter(t.ptr, n, t.dtype === 'bf16', out.ptr));
-      } catch (e) {
-        out.free();
-        throw e;
-      }
-      return out;
+      const call = (out: bigint) => this.runner.run(EVENTS.sessionReduceScatter, () => this.native.sessionReduceScatter(t.ptr, n, t.dtype === 'bf16', out));
+      return this.intoNew(t.dtype, shape, n * ELEMENT_BYTES[t.dtype], call);
     }
     const out = t.dtype === 'bf16' ? new Uint16Array(n) : new Float32Array(n);
     this.run(EVENTS.sessionReduceScatter, () => this.native.sessionReduceScatter(t.data, n, t.dtype === 'bf16', out));
