@@ -2,7 +2,7 @@
 // arithmetic (rf_reduce, rf_peer_reduce: element i of every part added in rank order to an fp32
 // accumulator that starts at 0, bf16 rounded to nearest even once at the end), and the refusal of a
 // peer reduce whose ranks disagree on the shape. The host executor's reduce-scatter and peer reduce,
-// the runtime's allReduce across nodes and the cuda backend's report of the GPU's refusal go through
+// the runtime's sum across nodes (from allGather) and the cuda backend's report of the GPU's refusal go through
 // here, so that their bits and their messages agree.
 #pragma once
 

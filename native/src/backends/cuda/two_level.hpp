@@ -28,7 +28,7 @@ class CudaTwoLevel final : public CudaBackend {
 
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
   void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
-  // Refused: the runtime composes the peer reduce across nodes (runtime/ops/all_reduce.cc).
+  // Refused: across nodes the runtime composes the peer reduce from allGather (runtime/ops/).
   void reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) override;
   void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
   void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;

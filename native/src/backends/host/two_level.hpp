@@ -36,7 +36,7 @@ class HostTwoLevel final : public HostBackend {
   void session_signal(uint64_t enter_seq, uint64_t value, Phase phase) override;
   void session_all_gather(uint64_t seq, Mem in, int64_t bytes, int64_t at, Mem out) override;
   void session_reduce_scatter(uint64_t seq, Mem in, int64_t n, bool bf16, int64_t at, Mem out) override;
-  // Refused: the runtime composes the peer reduce across nodes (runtime/ops/all_reduce.cc).
+  // Refused: across nodes the runtime composes the peer reduce from allGather (runtime/ops/).
   void reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) override;
   void engram_write(uint64_t seq, Mem table, int64_t bytes) override;
   void pp_exchange(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
