@@ -115,13 +115,14 @@ __device__ __forceinline__ bool gave_up(const unsigned int* arrivals) {
 
 // Records the first timeout in the Control block (plain volatile stores: host-mapped memory has no
 // reliable atomics over PCIe), code last, and makes it visible to the CPU.
-__device__ __noinline__ void record_timeout(Control* ctl, Phase phase, int peer, uint64_t last) {
+__device__ __noinline__ void record_timeout(Control* ctl, Phase phase, int peer, uint64_t last, uint64_t want) {
   if (ctl == nullptr) return;
   volatile Control* c = ctl;
   if (c->diag.code != 0) return;
   c->diag.phase = phase;
   c->diag.peer = uint64_t(peer);
   c->diag.value = last;
+  c->diag.want = want;
   __threadfence_system();
   c->diag.code = kDiagTimeout;
   __threadfence_system();
@@ -148,10 +149,11 @@ __device__ __forceinline__ void mark_gave_up(const RankArgs& a) {
 // Spins until `done(value)` holds for the word at `p` (acquire); true then. false when it gave up:
 // the CPU raised abort, another wait of this rank gave up, or this one timed out (it records the
 // Diagnostic). Never traps: the kernel finishes, the host reads the Control block. Acquire false: the
-// word is all the waiter reads (the fused dispatch's counts), no acquire; *seen: the word that did it.
+// word is all the waiter reads (the fused dispatch's counts), no acquire; *seen: the word that did it;
+// want: the sequence number waited for, if that is what done() asks (the Diagnostic names it).
 template <bool Acquire = true, Scope S = Scope::Sys, typename Done>
 __device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const RankArgs& a, Phase phase, int peer,
-                                           uint64_t* seen = nullptr) {
+                                           uint64_t* seen = nullptr, uint64_t want = 0) {
   uint64_t v = Acquire ? ld_acquire<S>(p) : ld_relaxed_sys(p);
   if (seen != nullptr) *seen = v;
   if (done(v)) return true;
@@ -173,7 +175,7 @@ __device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const R
       next_check = now + kGiveUpCheckNs;
     }
     if (now - start > a.timeout_ns) {
-      record_timeout(a.ctl, phase, peer, v);
+      record_timeout(a.ctl, phase, peer, v, want);
       break;
     }
   }
@@ -185,7 +187,7 @@ __device__ __forceinline__ bool wait_until(const uint64_t* p, Done done, const R
 template <Scope S = Scope::Sys>
 __device__ __forceinline__ bool wait_signal(const uint64_t* slot, uint64_t seq, const RankArgs& a, Phase phase, int peer,
                                             uint64_t* payload = nullptr, uint64_t* tag = nullptr) {
-  const bool ok = wait_until<true, S>(slot + kSignalSeqWord, [seq](uint64_t v) { return seq_reached(v, seq); }, a, phase, peer);
+  const bool ok = wait_until<true, S>(slot + kSignalSeqWord, [seq](uint64_t v) { return seq_reached(v, seq); }, a, phase, peer, nullptr, seq);
   if (ok && payload != nullptr) *payload = ld_relaxed_sys(slot + kSignalPayloadWord);
   if (ok && tag != nullptr) *tag = ld_relaxed_sys(slot + kSignalTagWord);
   return ok;
@@ -262,7 +264,7 @@ __device__ __forceinline__ bool grid_barrier(const RankArgs& a, Phase phase) {
           next_check = now + kGiveUpCheckNs;
         }
         if (ok && now - start > a.timeout_ns) {
-          record_timeout(a.ctl, phase, a.rank, *seen & 0xffffu);
+          record_timeout(a.ctl, phase, a.rank, *seen & 0xffffu, 0);
           ok = false;
         }
       }

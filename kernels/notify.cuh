@@ -230,7 +230,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
     }
     if (blk == 0)
       for (int g = 1 + tid; ok && g < G; g += nt) {
-        ok = wait_until(expert_flag + g, [seq](uint64_t v) { return seq_reached(v, seq); }, a, kPhaseNotify, rank);
+        ok = wait_until(expert_flag + g, [seq](uint64_t v) { return seq_reached(v, seq); }, a, kPhaseNotify, rank, nullptr, seq);
         if (ok && row_bad[g] >= 0) atomicMin(reinterpret_cast<unsigned long long*>(&bad_at), (unsigned long long)row_bad[g]);
       }
     synced = __syncthreads_and(ok);

@@ -112,6 +112,7 @@ struct Diagnostic {
   uint64_t phase;  // Phase
   uint64_t peer;   // the rank waited on
   uint64_t value;  // the slot's sequence number seen last
+  uint64_t want;   // the sequence number the wait wanted (0: a wait for another kind of value)
 };
 constexpr uint64_t kDiagTimeout = 1;
 
@@ -131,7 +132,6 @@ struct Control {
   uint64_t completed_seq;  // GPU -> CPU: the last op whose final kernel ran to its end (barrier)
   int32_t abort_mirror[8]; // the abort words (AbortWords), copied here by the CPU where the GPU cannot map them
   uint64_t synced_seq;     // stream -> CPU: the last stream wait reached (cuda: a stream memory op writes it)
-  uint64_t pad[1];
 };
 constexpr int64_t kBadHandle = -2;
 constexpr int64_t kBadShape = -3;

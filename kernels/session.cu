@@ -161,7 +161,11 @@ extern "C" __global__ void __launch_bounds__(256) rf_reduce(const ReduceArgs arg
 
 namespace {
 
-constexpr int kPeerReduceUnroll = 4;  // 16-byte vectors per thread in flight from each rank
+// 16-byte vectors per thread from each rank, and ranks whose loads are in flight at once: 4 x 2 kept
+// every load of a 4-rank reduce in flight (64 registers, no spills); 2 x 4 reached 79.9-80.5% of the
+// copy floor at 64 MiB bf16 W = 4, this 81.0-82.2% (bench/results/all-reduce-variants-2026-12-02.md).
+constexpr int kPeerReduceUnroll = 2;
+constexpr int kPeerReduceFlight = 4;
 
 // acc (4 fp32 or 8 bf16 lanes of one 16-byte vector) += x, in the same order as rf_reduce.
 template <bool kBf16>
@@ -178,21 +182,33 @@ __device__ __forceinline__ void add_vector(float* acc, const int4& x) {
   }
 }
 
+// Two sums rounded to bf16 (nearest even) in one instruction, lo in the low half; a NaN as
+// rankflow::float_to_bf16 makes it (the host's bits), not cvt's canonical one.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  uint32_t p;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(p) : "f"(hi), "f"(lo));
+  if (lo != lo) p = (p & 0xffff0000u) | float_to_bf16(lo);
+  if (hi != hi) p = (p & 0xffffu) | (uint32_t(float_to_bf16(hi)) << 16);
+  return p;
+}
+
 template <bool kBf16>
 __device__ __forceinline__ int4 pack_vector(const float* acc) {
   uint32_t r[4];
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    r[j] = kBf16 ? uint32_t(float_to_bf16(acc[2 * j])) | (uint32_t(float_to_bf16(acc[2 * j + 1])) << 16) : __float_as_uint(acc[j]);
+    if constexpr (kBf16) r[j] = pack_bf16x2(acc[2 * j], acc[2 * j + 1]);
+    else r[j] = __float_as_uint(acc[j]);
   return make_int4(int(r[0]), int(r[1]), int(r[2]), int(r[3]));
 }
 
 // Vectors [v0, v1) of every source, summed into every destination (from the next rank on, so that
-// the ranks' stores spread over the outputs).
+// the ranks' stores spread over the outputs). kPeerReduceFlight ranks' loads are in flight at a time.
 template <bool kBf16>
 __device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t v0, int64_t v1) {
   constexpr int kLanes = kBf16 ? 8 : 4;
   constexpr int U = kPeerReduceUnroll;
+  constexpr int F = kPeerReduceFlight;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t base = v0 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; base < v1; base += stride * U) {
     float acc[U][kLanes];
@@ -200,29 +216,28 @@ __device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, i
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int l = 0; l < kLanes; ++l) acc[u][l] = 0.0f;
-    // Two ranks' vectors in flight at a time (2 U loads per thread), summed in rank order.
-    for (int q = 0; q < world; q += 2) {
-      const bool two = q + 1 < world;
-      int4 x[U], y[U];
+    // F ranks' vectors in flight at a time (F U loads per thread), summed in rank order.
+    for (int q = 0; q < world; q += F) {
+      int4 x[F][U];
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t v = base + u * stride;
-        if (v < v1) x[u] = ld_nc_v4(src[q] + v * 16);
-        if (two && v < v1) y[u] = ld_nc_v4(src[q + 1] + v * 16);
-      }
+      for (int f = 0; f < F; ++f)
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (base + u * stride >= v1) continue;
-        add_vector<kBf16>(acc[u], x[u]);
-        if (two) add_vector<kBf16>(acc[u], y[u]);
-      }
+        for (int u = 0; u < U; ++u) {
+          const int64_t v = base + u * stride;
+          if (q + f < world && v < v1) x[f][u] = ld_nc_v4(src[q + f] + v * 16);
+        }
+#pragma unroll
+      for (int f = 0; f < F; ++f)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (q + f < world && base + u * stride < v1) add_vector<kBf16>(acc[u], x[f][u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t v = base + u * stride;
       if (v >= v1) continue;
       const int4 r = pack_vector<kBf16>(acc[u]);
-      for (int k = 1; k <= world; ++k) st_v4(dst[(rank + k) % world] + v * 16, r);
+      for (int k = 1, d = rank + 1; k <= world; ++k, ++d) st_v4(dst[d < world ? d : d - world] + v * 16, r);
     }
   }
 }

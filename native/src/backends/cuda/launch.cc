@@ -50,7 +50,7 @@ void check_moe(const kargs::RankArgs& a, const kargs::MoeShape& m, const char* o
 }  // namespace
 
 Launcher::Launcher(const KernelSet& k, int sm_count, int share, bool cooperative, bool graphs)
-    : k_(k), sm_count_(std::max(1, sm_count)), share_(std::max(1, share)), cooperative_(cooperative), graphs_(graphs) {}
+    : k_(k), sm_count_(std::max(1, sm_count)), share_(std::max(1, share)), cooperative_(cooperative), graphs_(graphs && share_ == 1) {}
 
 // A graph still running is freed when it completes (cuGraphExecDestroy does not wait for it).
 Launcher::~Launcher() {

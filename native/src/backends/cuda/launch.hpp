@@ -4,19 +4,22 @@
 // at most what the occupancy API allows on the whole GPU divided by the ranks of this process that
 // share it (each gets its share), and cooperatively, so that no block spins while a sibling waits for
 // an SM that other work holds (the compute-overlap case). Launches are asynchronous on `stream`.
-// Outside a capture, each kernel on the rank's stream is launched as the one node of a graph the
-// launcher made, instantiated and uploaded for it (per kernel and attribute) when the context was made
-// (prepare): cuGraphExecKernelNodeSetParams with this launch's grid and Args, then cuGraphLaunch. On
-// the one-H200 machine that costs the CPU 2.5 µs against 3.6-4.4 µs for cuLaunchKernelEx of the same
-// kernel, and a launch + wait for a flag the kernel writes 6.1-7.0 µs against 7.5-8.4
+// Outside a capture, where the rank has its GPU to itself (no other rank of this process shares it),
+// each kernel on the rank's stream is launched as the one node of a graph the launcher made,
+// instantiated and uploaded for it (per kernel and attribute) when the context was made (prepare):
+// cuGraphExecKernelNodeSetParams with this launch's grid and Args, then cuGraphLaunch. On the one-H200
+// machine that costs the CPU 2.5 µs against 3.6-4.4 µs for cuLaunchKernelEx of the same kernel, and
+// a launch + wait for a flag the kernel writes 6.1-7.0 µs against 7.5-8.4
 // (bench/results/launch-floor-2026-12-01.md). Where a graph cannot be made or updated the launch is
 // a cuLaunchKernelEx, as it is while the stream is being captured and on other streams.
-// Made at each kernel's first launch instead, in the middle of the rank's ops, graphs made the GPU
-// suite time out for ranks sharing GPU 0 (a peer's kernel never started: engram of 2 and 4 ranks; 4
-// ranks beside a kernel holding all but 8 SMs; test/gpu/logs/*-graph-launch-all-ranks-FAILED.log);
-// made up front, the same tests and the whole suite pass. The cause was not established: graph
-// launches did not queue behind other streams' kernels in bench/launch-floor (queue-behind*.cc),
-// nor mix up the parameters of pending launches (pending-params.cc).
+// Ranks sharing a GPU launch directly: with graph launches a peer's kernel sometimes did not start
+// while a rank's kernel waited for it, until the GPU timeout (made at each kernel's first launch: the
+// suite's engram and SM-holding cases, test/gpu/logs/*-graph-launch-all-ranks-FAILED.log; made up
+// front: moe.test.mjs's captured-graph replays at 2 ranks, 7 of 21 runs, and with
+// CUDA_DEVICE_MAX_CONNECTIONS=1 10 of 10 runs of build/diag's stress, where the ranks' work shares one
+// queue to the GPU). Launched directly, 0 of 40 stress runs and 0 of 3 moe.test.mjs runs hung
+// (bench/results/shared-gpu-launch-2026-12-02.md). bench/launch-floor saw graph launches queue
+// behind no other stream's kernel (queue-behind*.cc): which queue they take is the driver's.
 #pragma once
 
 #include <cuda.h>
@@ -32,7 +35,8 @@ namespace rankflow::cuda {
 class Launcher {
  public:
   // sm_count: the GPU's SMs; share: ranks of this process on it; cooperative: launch the waiting
-  // kernels cooperatively (CU_LAUNCH_ATTRIBUTE_COOPERATIVE); graphs: launch through the kept graphs.
+  // kernels cooperatively (CU_LAUNCH_ATTRIBUTE_COOPERATIVE); graphs: launch through the kept graphs
+  // where share is 1.
   Launcher(const KernelSet& k, int sm_count, int share, bool cooperative, bool graphs);
   ~Launcher();
   Launcher(const Launcher&) = delete;

@@ -46,6 +46,7 @@ void CudaBackend::recover() {
   });
   volatile Control* k = ctl_;
   k->diag.code = 0;
+  k->diag.want = 0;
   k->bad_seq = 0;
   using W = AbortWords;
   k->abort_mirror[W::kReleaseOrigin] = 0;
@@ -180,7 +181,8 @@ void CudaBackend::check_gave_up() {
                 "device-phase wait of rank " + std::to_string(rank()) + " in " + phase_name(phase) + " timed out after " +
                     seconds_text(c_.cfg.gpu_timeout_s) + " s on counter " +
                     (phase == kPhaseBarrier ? "barrier" : phase == kPhaseEnter ? "enter" : "done") + "[from rank " +
-                    std::to_string(peer) + "] (last value " + hex_text(k->diag.value) +
+                    std::to_string(peer) + "] (" + (k->diag.want != 0 ? "waiting for " + hex_text(k->diag.want) + ", " : "") +
+                    "last value " + hex_text(k->diag.value) +
                     "); the kernels gave up, so rank " + std::to_string(rank()) +
                     "'s protocol state is gone, but its GPU stays usable: destroy the group (a new one works)",
                 peer, phase_name(phase));
