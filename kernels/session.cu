@@ -161,11 +161,11 @@ extern "C" __global__ void __launch_bounds__(256) rf_reduce(const ReduceArgs arg
 
 namespace {
 
-// 16-byte vectors per thread from each rank, and ranks whose loads are in flight at once: 4 x 2 kept
-// every load of a 4-rank reduce in flight (64 registers, no spills); 2 x 4 reached 79.9-80.5% of the
-// copy floor at 64 MiB bf16 W = 4, this 81.0-82.2% (bench/results/all-reduce-variants-2026-12-02.md).
-constexpr int kPeerReduceUnroll = 2;
-constexpr int kPeerReduceFlight = 4;
+// Loads in flight per thread: F ranks' vectors at a time, U 16-byte vectors of each. Eight keep a
+// reduce near the copy's bandwidth: 4 x 2 for 3 ranks and more (64 MiB bf16 at 4 ranks: 81.0-82.2% of
+// the copy floor against 79.9-80.5% for 2 x 4), 2 x 4 for 2 ranks (4 x 2 leaves only 4 in flight there:
+// 73.1-77.0% at 64 MiB against 80.5-82.9%). bench/results/all-reduce-variants-2026-12-02.md.
+constexpr int kFewRanks = 2;  // and fewer: 2 x 4
 
 // acc (4 fp32 or 8 bf16 lanes of one 16-byte vector) += x, in the same order as rf_reduce.
 template <bool kBf16>
@@ -203,12 +203,10 @@ __device__ __forceinline__ int4 pack_vector(const float* acc) {
 }
 
 // Vectors [v0, v1) of every source, summed into every destination (from the next rank on, so that
-// the ranks' stores spread over the outputs). kPeerReduceFlight ranks' loads are in flight at a time.
-template <bool kBf16>
+// the ranks' stores spread over the outputs), with F ranks x U vectors of loads in flight.
+template <bool kBf16, int F, int U>
 __device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t v0, int64_t v1) {
   constexpr int kLanes = kBf16 ? 8 : 4;
-  constexpr int U = kPeerReduceUnroll;
-  constexpr int F = kPeerReduceFlight;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t base = v0 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; base < v1; base += stride * U) {
     float acc[U][kLanes];
@@ -265,7 +263,8 @@ __device__ void reduce_slice(const uint8_t* const* src, uint8_t* const* dst, int
   for (int p = 0; p < world; ++p) aligned = aligned && ((reinterpret_cast<uintptr_t>(src[p]) | reinterpret_cast<uintptr_t>(dst[p])) & 15) == 0;
   if (!aligned) return reduce_elements<kBf16>(src, dst, world, rank, lo, hi);
   // lo is a multiple of 8 elements: whole vectors from there, the last partial one element-wise.
-  reduce_vectors<kBf16>(src, dst, world, rank, lo / kLanes, hi / kLanes);
+  if (world <= kFewRanks) reduce_vectors<kBf16, 2, 4>(src, dst, world, rank, lo / kLanes, hi / kLanes);
+  else reduce_vectors<kBf16, 4, 2>(src, dst, world, rank, lo / kLanes, hi / kLanes);
   reduce_elements<kBf16>(src, dst, world, rank, hi / kLanes * kLanes, hi);
 }
 

@@ -1,4 +1,5 @@
-// allReduce on cuda, 2 and 4 ranks sharing GPU 0, byte for byte against a host group given the same
+// allReduce on cuda, 2, 3 and 4 ranks sharing GPU 0 (the kernel keeps 2 x 4 loads in flight at 2
+// ranks, 4 x 2 from 3: kernels/session.cu), byte for byte against a host group given the same
 // inputs (the host executor: the same rank order and fp32 accumulation) and against the sums computed
 // plainly (test/helpers/agrs-reference.ts). The data cancel (2^30 and -2^30 on two ranks, small values the partial sums swallow),
 // so a sum in another order differs. Driver mode stages host tensors through the window; rank
@@ -33,7 +34,7 @@ const reference = (parts) => Buffer.from(bytesOfTensor(referenceAllReduce(parts)
 
 const CASES = [['fp32', 37], ['fp32', 4099], ['fp32', 300_001], ['bf16', 5], ['bf16', 65_536], ['bf16', 1_000_003]];
 
-for (const layout of layouts([2, 4])) {
+for (const layout of layouts([2, 3, 4])) {
   const W = layout.ranks;
   describe(`allReduce, ${layout.name}`, () => {
     let gpu, host;
