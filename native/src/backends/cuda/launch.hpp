@@ -16,9 +16,9 @@
 // while a rank's kernel waited for it, until the GPU timeout (made at each kernel's first launch: the
 // suite's engram and SM-holding cases, test/gpu/logs/*-graph-launch-all-ranks-FAILED.log; made up
 // front: moe.test.mjs's captured-graph replays at 2 ranks, 7 of 21 runs, and with
-// CUDA_DEVICE_MAX_CONNECTIONS=1 10 of 10 runs of build/diag's stress, where the ranks' work shares one
-// queue to the GPU). Launched directly, 0 of 40 stress runs and 0 of 3 moe.test.mjs runs hung
-// (bench/results/shared-gpu-launch-2026-12-02.md). bench/launch-floor saw graph launches queue
+// CUDA_DEVICE_MAX_CONNECTIONS=1 10 of 10 runs of bench/shared-gpu/stress.mjs, where the ranks' work
+// shares one queue to the GPU). Launched directly, 0 of 140 stress runs and 0 of 11 moe.test.mjs runs
+// hung (bench/results/shared-gpu-launch-2026-12-02.md). bench/launch-floor saw graph launches queue
 // behind no other stream's kernel (queue-behind*.cc): which queue they take is the driver's.
 #pragma once
 
