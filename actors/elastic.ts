@@ -133,6 +133,8 @@ export class Membership {
       const seq = Math.max(...at.map((p) => p.seq)), sessions = Math.max(...at.map((p) => p.sessions));
       const live = this.live.map((l, r) => l || r === local);
       const m = this.told(live, this.epoch + 1, sessions);
+      // Counted now: a survivor that rejoined and then re-forms without a failed replacement takes a later one.
+      this.epoch = m.epoch;
       const old = this.ranks.members[local]!.init;
       const init: RankInit = {
         ...old, abort: new SharedArrayBuffer(ABORT.bytes), runAbort: new SharedArrayBuffer(4), traffic: new SharedArrayBuffer(TRAFFIC.bytes),
@@ -141,7 +143,6 @@ export class Membership {
       this.ranks.respawn(local, init);
       await this.join(local, locals, m);
       this.live[local] = true;
-      this.epoch = m.epoch;
       this.events.emit('rankJoined', { rank, at: now() });
     });
   }
@@ -169,6 +170,7 @@ export class Membership {
     // The group goes on without the replacement: it is ended, the survivors re-form (settle).
     if (!this.ranks.handles[local]!.exited) await this.ranks.terminate(local).catch(() => {});
     this.pending = true;
+    this.epoch++;  // not the membership the survivors rejoined into: their handles of it are refused too
     await this.settle();
     throw new RankflowError(why.code, `replaceRank(${rank}): ${why.message}`, { rank, cause: why });
   }

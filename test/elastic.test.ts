@@ -4,7 +4,7 @@
  * test, not the runner) at W = 4 and 8: dispatch/combine of the survivors equal bit for bit a healthy
  * group's on the masked inputs (the dead rank's experts -1, the dead rank sending nothing), and after
  * replaceRank a healthy group's on the unmasked ones; the other ops among the live ranks; a worker
- * that exits; an op in flight at the kill; and kills at random points of a 1000-op loop. In process:
+ * that exits; an op in flight at the kill; a replacement killed while it joins; and kills at random points of a 1000-op loop. In process:
  * the machine's states (masking, remasking, rejoining) as transitions and in the trace export, the
  * refusals of the option and of replaceRank.
  */
@@ -47,7 +47,7 @@ async function expectCase(name: string, W: number, reps: number): Promise<Rep[]>
 
 const CASES = [
     'dispatch and combine mask a dead rank, then a replacement serves', 'two ranks leave and come back', 'the other ops among the live ranks',
-    'a worker that exits leaves', 'an op in flight when a rank dies',
+    'a worker that exits leaves', 'an op in flight when a rank dies', 'a replacement that dies while joining',
 ];
 
 describe.each(CASES)('%s', (name) => {
@@ -102,6 +102,20 @@ describe('in process', () => {
             expect(g.snapshot().map((s) => s.state)).toEqual(['ready', 'ready', 'ready', 'ready']);
             const names = new Set(toChromeTrace(recorder.recording()).traceEvents.map((e) => (e as { name: string }).name));
             for (const s of ['masking', 'remasking', 'rejoining']) expect(names).toContain(s);
+        } finally {
+            await g.destroy();
+        }
+    });
+
+    test("the inspector's /snapshot says the group is degraded, and which ranks serve", async () => {
+        const g = await createGroup({ backend: 'host', ranks: 4, buffer, elastic: true, inspect: 'http://127.0.0.1:0' });
+        try {
+            const snapshot = async () => (await (await fetch(new URL('snapshot', g.inspectorUrl))).json()) as { state: string; liveRanks: number[] };
+            expect(await snapshot()).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2, 3] });
+            await g.ranks[2]!.terminate();
+            expect(await snapshot()).toMatchObject({ state: 'degraded', liveRanks: [0, 1, 3] });
+            await g.replaceRank(2);
+            expect(await snapshot()).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2, 3] });
         } finally {
             await g.destroy();
         }
