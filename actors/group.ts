@@ -12,7 +12,7 @@ import { TRAFFIC } from './core/addon.js';
 import type { Backend } from './core/backend.js';
 import { checkArray, checkTensor, ELEMENT_BYTES, numel, type DType, type Tensor } from './core/tensor.js';
 import {
-  checkCombineInput, checkDispatchInput, checkGatherInputs, checkHandlesAgree, checkIntIn, checkOptions, checkPerRank, checkPositiveInt, checkSameShape, describe,
+  checkCombineInput, checkDispatchInput, checkGatherInputs, checkHandlesAgree, checkOptions, checkPerRank, checkPositiveInt, checkSameShape,
   type BufferConfig, type CombineInput, type DispatchDType, type DispatchInput,
 } from './core/validate.js';
 import { engramSizeHint, sessionBytes, sizeHint } from './core/hints.js';
@@ -31,15 +31,19 @@ import { startRanks } from './startup.js';
 import { runPrograms, type RunDeps } from './run.js';
 import { checkModuleUrl } from './core/module-url.js';
 import { attachDebugLog } from './observe/debug-log.js';
+import { Membership, type RankJoined, type RankLeft } from './elastic.js';
+import { rankInfo, readWindow, writePeer, type ProbeSite } from './probes.js';
 
 export type { GroupOptions, RankSnapshot, TrafficReport };
 export { RankHandle, Session };
-export type { TransitionEvent };
+export type { TransitionEvent, RankJoined, RankLeft };
 
 export interface GroupEvents {
   transition: (t: TransitionEvent) => void;
   failed: (f: { rank: number; error: RankflowError }) => void;
   inspect: (record: Record<string, unknown>) => void;
+  rankLeft: (e: RankLeft) => void;
+  rankJoined: (e: RankJoined) => void;
 }
 
 installErrorTransfer();
@@ -83,6 +87,25 @@ export class Group extends EventEmitter<GroupEvents> {
     this.rankOffset = world?.rankOffset ?? 0;
     this.ranks = Array.from({ length: size }, (_, r) => new RankHandle(this.rankOffset + r, this));
     this.workers = new Ranks(this.ranks, this.rankOffset, this, (f) => this.rv?.announceFailure(f));
+    if (opts.elastic === true) this.membership = new Membership(this.workers, this, (body) => this.collective([], body, false), () => { this.sessionOpen = false; });
+  }
+  private readonly membership?: Membership;  // elastic groups (actors/elastic.ts): who serves, leaving, replacing
+  /** 'degraded' while ranks of an elastic group are out; 'failed' once a rank of another group failed; else 'ready'. */
+  get state(): 'ready' | 'degraded' | 'failed' | 'destroyed' {
+    if (this.destroying) return 'destroyed';
+    return this.membership ? (this.membership.degraded ? 'degraded' : 'ready') : this.ranks.some((h) => h.error) ? 'failed' : 'ready';
+  }
+  /** The global ids of the ranks serving now, ascending: all of them, but those that left an elastic group. */
+  get liveRanks(): number[] {
+    return this.membership?.liveRanks ?? (this.ranks.some((h) => h.error) ? [] : this.ranks.map((h) => h.rank));
+  }
+  /** Elastic groups: a fresh rank `rank` (new worker, new context) in place of one that left; resolves once it serves. */
+  replaceRank(rank: number): Promise<void> {
+    return this.membership?.replace(rank) ?? Promise.reject(new RankflowError('EINVAL', 'replaceRank: the group is not elastic (createGroup({ elastic: true }))'));
+  }
+  /** Of per-rank entries, those of the ranks that serve (a rank that left an elastic group takes null), with their index. */
+  private serving<T>(list: T[]): Array<[T, number]> {
+    return list.flatMap((x, r) => (this.workers.serves(r) ? [[x, r] as [T, number]] : []));
   }
 
   /** @internal use createGroup() */
@@ -137,10 +160,12 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   /** Queues a collective: its checks run when its turn comes, against the ranks' current states. */
-  private collective<T>(states: readonly string[], body: () => Promise<T>): Promise<T> {
+  private collective<T>(states: readonly string[], body: () => Promise<T>, settle = true): Promise<T> {
     const run = async (): Promise<T> => {
       if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
+      if (settle) await this.membership?.settle();  // a rank left: the survivors re-form first
       for (const h of this.ranks) {
+        if (states.length === 0 || !this.workers.serves(h.rank - this.rankOffset)) continue;
         if (h.error) throw new RankflowError(h.error.code, h.error.message, { rank: h.error.rank ?? h.rank, state: h.state, phase: h.error.phase });
         if (!states.includes(h.state)) {
           const why = h.state === 'session.open' ? 'an AGRS session is open: close() it first' : `rank ${h.rank} is in state '${h.state}'`;
@@ -190,7 +215,7 @@ export class Group extends EventEmitter<GroupEvents> {
 
   allGather<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
-      checkGatherInputs('tensors', tensors, this.size, this.worldSize, this.bufferBytes);
+      checkGatherInputs('tensors', tensors, this.size, this.worldSize, this.bufferBytes, (r) => this.workers.serves(r));
     } catch (e) {
       return Promise.reject(e);
     }
@@ -202,9 +227,9 @@ export class Group extends EventEmitter<GroupEvents> {
     try {
       const o = checkOptions<{ op: unknown }>('options', opts, '{ op? }');
       if (o.op !== undefined && o.op !== 'sum') throw invalid('op', `must be 'sum' (got ${String(o.op)})`);
-      const list = checkPerRank<Tensor>('parts', parts, this.size);
-      list.forEach((t, r) => checkTensor(`parts[${r}]`, t, { dtypes: ['fp32', 'bf16'] }));
-      checkSameShape('parts', list);
+      const list = this.serving(checkPerRank<Tensor>('parts', parts, this.size));
+      list.forEach(([t, r]) => checkTensor(`parts[${r}]`, t, { dtypes: ['fp32', 'bf16'] }));
+      checkSameShape('parts', list.map(([t]) => t));
     } catch (e) {
       return Promise.reject(e);
     }
@@ -213,15 +238,15 @@ export class Group extends EventEmitter<GroupEvents> {
 
   dispatch<D extends DispatchDType>(inputs: DispatchInput<D>[]): Promise<DispatchResult<D>[]> {
     try {
-      const list = checkPerRank<DispatchInput>('inputs', inputs, this.size);
-      list.forEach((d, r) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id, this.workers.members[r]!.handles));
-      checkHandlesAgree('inputs', list.map((d) => d.handle));
+      const list = this.serving(checkPerRank<DispatchInput>('inputs', inputs, this.size));
+      list.forEach(([d, r]) => checkDispatchInput(`inputs[${r}]`, d, this.buffer, this.worldSize, this.rankOffset + r, this.id, this.workers.members[r]!.handles));
+      checkHandlesAgree('inputs', list.map(([d]) => d.handle));
     } catch (e) {
       return Promise.reject(e);
     }
     return this.collective(['ready'], async () => {
       const out = await this.workers.all((api, r) => api.dispatch(inputs[r]!) as Promise<DispatchResult<D>>);
-      out.forEach((o, r) => this.workers.members[r]!.handles.add(o.handle));  // the handles this group may take back
+      out.forEach((o, r) => o && this.workers.members[r]!.handles.add(o.handle));  // the handles this group may take back
       return out;
     });
   }
@@ -229,9 +254,10 @@ export class Group extends EventEmitter<GroupEvents> {
   combine(inputs: CombineInput[]): Promise<CombineResult[]> {
     let biases: Tensor[][];
     try {
-      const list = checkPerRank<CombineInput>('inputs', inputs, this.size);
-      biases = list.map((c, r) => checkCombineInput(`inputs[${r}]`, c, this.buffer, this.rankOffset + r, this.id, this.workers.members[r]!.handles));
-      checkHandlesAgree('inputs', list.map((c) => c.handle));
+      const list = this.serving(checkPerRank<CombineInput>('inputs', inputs, this.size));
+      biases = [];
+      for (const [c, r] of list) biases[r] = checkCombineInput(`inputs[${r}]`, c, this.buffer, this.rankOffset + r, this.id, this.workers.members[r]!.handles);
+      checkHandlesAgree('inputs', list.map(([c]) => c.handle));
     } catch (e) {
       return Promise.reject(e);
     }
@@ -265,8 +291,10 @@ export class Group extends EventEmitter<GroupEvents> {
 
   engramWrite(storages: Tensor[]): Promise<void> {
     try {
-      const list = checkPerRank<Tensor>('storages', storages, this.size);
-      list.forEach((t, r) => checkTensor(`storages[${r}]`, t, { rank: 2 }));
+      const list = this.serving(checkPerRank<Tensor>('storages', storages, this.size)).map(([t, r]) => {
+        checkTensor(`storages[${r}]`, t, { rank: 2 });
+        return t;
+      });
       checkSameShape('storages', list);
       const [entries, hidden] = list[0]!.shape as [number, number];
       if (hidden === 0) throw invalid('storages[0].shape[1]', 'must be positive: a row needs at least one element');
@@ -284,18 +312,17 @@ export class Group extends EventEmitter<GroupEvents> {
 
   engramFetch(indices: Int32Array[]): Promise<Tensor[]> {
     try {
-      const list = checkPerRank<Int32Array>('indices', indices, this.size);
-      list.forEach((ids, r) => checkArray(`indices[${r}]`, ids, Int32Array));
+      this.serving(checkPerRank<Int32Array>('indices', indices, this.size)).forEach(([ids, r]) => checkArray(`indices[${r}]`, ids, Int32Array));
     } catch (e) {
       return Promise.reject(e);
     }
     // The table is the one stored by the engramWrite queued before: checked when this call's turn comes.
     return this.collective(['ready'], async () => {
       // Asked, not remembered: a rank program may have written the table.
-      const entries = await this.workers.call(0, (api) => api.engramEntries());
+      const entries = await this.workers.call(this.serving(this.ranks)[0]?.[1] ?? 0, (api) => api.engramEntries());
       if (entries < 0) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored');
       const total = entries * this.worldSize;
-      indices.forEach((ids, r) => {
+      this.serving(indices).forEach(([ids, r]) => {
         const bad = ids.findIndex((g) => g < 0 || g >= total);
         if (bad >= 0) throw invalid(`indices[${r}][${bad}]`, `${ids[bad]} is outside [0, ${total})`);
       });
@@ -306,8 +333,9 @@ export class Group extends EventEmitter<GroupEvents> {
   /** Pipeline send/recv on the ring: out[r] = tensors[r - 1]. */
   ppExchange<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
-      checkGatherInputs('tensors', tensors, this.size, this.worldSize, Number.POSITIVE_INFINITY); // the bound that holds is per rank: below
-      const bytes = numel(tensors[0]!.shape) * ELEMENT_BYTES[tensors[0]!.dtype];
+      checkGatherInputs('tensors', tensors, this.size, this.worldSize, Number.POSITIVE_INFINITY, (r) => this.workers.serves(r)); // the bound that holds is per rank: below
+      const [first] = this.serving(tensors)[0] ?? [tensors[0]!];
+      const bytes = numel(first.shape) * ELEMENT_BYTES[first.dtype];
       if (bytes > this.bufferBytes) throw invalid('tensors', `${bytes} bytes per rank exceed the buffer (${this.bufferBytes} bytes; see ppSizeHint)`);
     } catch (e) {
       return Promise.reject(e);
@@ -340,34 +368,20 @@ export class Group extends EventEmitter<GroupEvents> {
     };
   }
 
-  /**
-   * Layout probes (tests): write `bytes` through local rank `from`'s translated pointer into global rank
-   * `to`'s window at `offset` (within the symmetric segment: [0, symmetricBytes - bytes.length]).
-   */
-  async writePeer(from: number, to: number, offset: number, bytes: Uint8Array): Promise<bigint> {
-    this.checkProbe('from', from);
-    checkIntIn('to', to, 0, this.worldSize - 1);
-    if (!(bytes instanceof Uint8Array)) throw invalid('bytes', `must be a Uint8Array (got ${describe(bytes)})`);
-    checkIntIn('offset', offset, 0, Math.max(0, this.symmetricBytes - bytes.length));
-    if (bytes.length > this.symmetricBytes) throw invalid('bytes', `has ${bytes.length} bytes; the symmetric segment has ${this.symmetricBytes}`);
-    return this.workers.call(from, (api) => api.writePeer(to, offset, bytes));
+  /** Layout probes (tests): write `bytes` through local rank `from`'s translated pointer into global rank `to`'s window at `offset` (probes.ts). */
+  writePeer(from: number, to: number, offset: number, bytes: Uint8Array): Promise<bigint> {
+    return writePeer(this.probeSite, from, to, offset, bytes);
   }
   /** Layout probes (tests): `length` bytes of local rank `rank`'s own window from `offset` (within the symmetric segment). */
-  async readWindow(rank: number, offset: number, length: number): Promise<Uint8Array> {
-    this.checkProbe('rank', rank);
-    checkIntIn('offset', offset, 0, this.symmetricBytes);
-    checkIntIn('length', length, 0, this.symmetricBytes - offset);
-    return this.workers.call(rank, (api) => api.readWindow(offset, length));
+  readWindow(rank: number, offset: number, length: number): Promise<Uint8Array> {
+    return readWindow(this.probeSite, rank, offset, length);
   }
   /** What local rank `rank` (an index in [0, size)) says of itself: memory kind, windows, domains, seq, state. */
-  async info(rank: number) {
-    this.checkProbe('rank', rank);
-    return this.workers.call(rank, (api) => api.info());
+  info(rank: number) {
+    return rankInfo(this.probeSite, rank);
   }
-  /** A probe names a local rank of a group that is not destroyed. */
-  private checkProbe(name: string, rank: unknown): void {
-    checkIntIn(name, rank, 0, this.size - 1);
-    if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed', { rank: this.rankOffset + (rank as number), state: 'destroyed' });
+  private get probeSite(): ProbeSite {
+    return { size: this.size, worldSize: this.worldSize, rankOffset: this.rankOffset, symmetricBytes: this.symmetricBytes, destroyed: this.destroying, workers: this.workers };
   }
 
   /** @internal */

@@ -27,6 +27,12 @@ export interface GroupOptions {
   inspect?: ((record: Record<string, unknown>) => void) | string;
   /** This process hosts `ranks` of a world spread over several processes (API.md). */
   world?: WorldOptions;
+  /**
+   * Elastic group (API.md, "Elastic groups"; actors/elastic.ts): a rank that fails leaves, the others go
+   * on among themselves, group.replaceRank(r) brings a fresh rank r. Default false: a failure fails
+   * the group. Backend 'host' in one process only, for now.
+   */
+  elastic?: boolean;
   /** Watchers attached before the ranks start (a TimelineRecorder, an inspector server), so they see every transition. */
   observers?: GroupObserver[];
   /**
@@ -38,7 +44,7 @@ export interface GroupOptions {
 }
 
 /** Every key of createGroup's options: any other is EINVAL naming it (option-keys.ts). */
-export const GROUP_OPTION_KEYS = keysOf<GroupOptions>()(['ranks', 'backend', 'devices', 'ranksPerNode', 'buffer', 'timeouts', 'inspect', 'world', 'observers', 'signal']);
+export const GROUP_OPTION_KEYS = keysOf<GroupOptions>()(['ranks', 'backend', 'devices', 'ranksPerNode', 'buffer', 'timeouts', 'inspect', 'world', 'elastic', 'observers', 'signal']);
 
 /** The options once checked: what a group is made of. */
 export interface GroupPlan {
@@ -55,12 +61,15 @@ export interface GroupPlan {
   inspectAt?: { host: string; port: number };
   /** the first collective's sequence number (RANKFLOW_TEST_FIRST_SEQ; 0 otherwise) */
   firstSeq: number;
+  elastic: boolean;
   signal?: AbortSignal;
 }
 
 /** Checks createGroup's options; throws EINVAL naming the first bad one (ABORTED for an aborted signal). */
 export function planGroup(opts: GroupOptions): GroupPlan {
   checkOptions('options', opts, '{ buffer, ranks?, backend?, ... }', false, GROUP_OPTION_KEYS);
+  // Asked for cuda, an elastic group is refused for what it is, whether or not this machine has GPUs.
+  if (opts.elastic === true && opts.backend === 'cuda') checkElastic(true, 'cuda', false, false);
   const backend = resolveBackend(checkBackendOption(opts.backend));
   const gpus = backend === 'cuda' ? cudaDeviceCount() : 0;
   const size = opts.ranks ?? (backend === 'cuda' ? (Array.isArray(opts.devices) ? opts.devices.length : gpus) : config.hostRanks);
@@ -88,6 +97,7 @@ export function planGroup(opts: GroupOptions): GroupPlan {
   }
   if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
     throw invalid('observers', 'must be an array of objects with attach(group)');
+  const elastic = checkElastic(opts.elastic, backend, world !== undefined, ranksPerNode < worldSize);
   const firstSeq = checkTestFirstSeq(config.testFirstSeq);
   const signal = checkSignal('signal', opts.signal);
   if (signal?.aborted) throw abortError('createGroup', signal);
@@ -95,7 +105,7 @@ export function planGroup(opts: GroupOptions): GroupPlan {
   if (buffer.bytes !== undefined && buffer.bytes < layout.workspace.bytes + layout.alignment)
     throw invalid('buffer.bytes', `(${buffer.bytes}) leaves no room after the ${layout.workspace.bytes}-byte workspace`);
   return {
-    backend, size, buffer, ranksPerNode, cpuSeconds, gpuSeconds, firstSeq,
+    backend, size, buffer, ranksPerNode, cpuSeconds, gpuSeconds, firstSeq, elastic,
     ...(world ? { world } : {}), ...(devices ? { devices } : {}), ...(inspectAt ? { inspectAt } : {}), ...(signal ? { signal } : {}),
   };
 }
@@ -132,6 +142,17 @@ function checkTimeout(name: string, v: unknown): number {
   if (typeof v !== 'number' || !(v > 0) || v > MAX_TIMEOUT_SECONDS)
     throw invalid(name, `must be a number of seconds in (0, ${MAX_TIMEOUT_SECONDS}] (got ${String(v)})`);
   return v;
+}
+
+/** `elastic`: a boolean; true only where it is implemented (backend 'host', the ranks of one process). */
+function checkElastic(v: unknown, backend: Backend, world: boolean, nodes: boolean): boolean {
+  if (v === undefined || v === false) return false;
+  if (v !== true) throw invalid('elastic', `must be a boolean (got ${String(v)})`);
+  if (backend !== 'host')
+    throw invalid('elastic', `is supported on backend 'host' only (this group resolved to backend '${backend}'): pass backend: 'host', or leave elastic off`);
+  if (world) throw invalid('elastic', "is supported for the ranks of one process only (no world: rejoin across processes is not implemented yet)");
+  if (nodes) throw invalid('elastic', 'is supported within one node only (ranksPerNode below the world size: the scale-out legs do not mask ranks yet)');
+  return true;
 }
 
 function checkBackendOption(b: unknown): 'auto' | Backend | undefined {

@@ -44,6 +44,8 @@ export class RankHandle {
 
 export interface Member {
   worker: Worker;
+  /** what the worker was started with (an elastic group's replacement starts from it) */
+  init: RankInit;
   api: Remote<RankWorkerApi>;
   /** the rank's abort words (a SharedArrayBuffer its native waits and kernels read) */
   abort: SharedArrayBuffer;
@@ -98,6 +100,8 @@ export class Ranks {
   stopping = false;
   private readonly decoders = new Map<number, TransitionDecoder>();
   private readonly onDecoded = (t: TransitionEvent) => this.onTransition(t);
+  /** an elastic group's membership (actors/elastic.ts): who serves, and where a failure's origin goes instead of failing its peers */
+  elastic?: { serves(local: number): boolean; leave(local: number, error: RankflowError): void };
 
   constructor(
     /** the public handles, index = local rank */
@@ -113,14 +117,16 @@ export class Ranks {
     const worker = startWorker(WORKER_URL, { workerData: init });
     const handle = this.handles[local]!;
     const rank = handle.rank;
+    // A replaced rank's old worker says nothing more about the handle (elastic groups).
+    const current = (): boolean => this.members[local]?.worker === worker;
     worker.on('message', (m: unknown) => {
-      if (isWorkerMessage(m)) this.onWorkerMessage(m, local);
+      if (isWorkerMessage(m) && current()) this.onWorkerMessage(m, local);
     });
     const untilGone: Cuts = new Set();
     const untilFailed: Cuts = new Set();
     const gone = new Promise<never>((_, reject) => {
       const onGone = (why: string, cause?: { code?: unknown }): void => {
-        if (handle.exited) return;
+        if (handle.exited || !current()) return;
         handle.exited = true;
         // A rank that could not even build its context (memory that cannot be had, no driver) says why.
         const code = handle.state === 'init' && (cause?.code === 'EINVAL' || cause?.code === 'BACKEND_UNAVAILABLE') ? cause.code : 'RANK_FAILED';
@@ -135,7 +141,7 @@ export class Ranks {
     });
     gone.catch(() => {});
     this.members[local] = {
-      worker, api: wrapRemote<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed,
+      worker, init, api: wrapRemote<RankWorkerApi>(nodeEndpoint(worker)), abort: init.abort, handles: new HandleRegistry(), gone, untilGone, untilFailed,
       traffic: new BigUint64Array(init.traffic ?? new SharedArrayBuffer(TRAFFIC.bytes)), busy: 0, runAbort: new Int32Array(init.runAbort),
     };
   }
@@ -176,6 +182,7 @@ export class Ranks {
     const m = this.members[local];
     if (m) cutAll(m.untilFailed, error);
     this.events.emit('failed', { rank, error });
+    if (this.elastic && !this.stopping) return this.elastic.leave(local, error);  // any failure: it leaves, its peers mask it and go on
     if (!origin || this.stopping) return;
     const info: FailureInfo = { code: 'RANK_FAILED', message: `rank ${rank} failed: ${error.message}`, rank, phase: error.phase };
     this.tellPeers(rank, info, local);
@@ -261,7 +268,9 @@ export class Ranks {
    * the collective its peers wait in).
    */
   async all<T>(fn: (api: Remote<RankWorkerApi>, r: number) => Promise<T>): Promise<T[]> {
-    const settled = await Promise.allSettled(this.members.map((m, r) => this.call(r, () => cutShort(fn(m.api, r), [m.untilFailed]))));
+    // An elastic group's rank that left takes no part: its entry is null.
+    const settled = await Promise.allSettled(this.members.map((m, r) =>
+      this.serves(r) ? this.call(r, () => cutShort(fn(m.api, r), [m.untilFailed])) : Promise.resolve(null as T)));
     const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
     if (errors.length > 0) throw rootCause(errors);
     return settled.map((s) => (s as PromiseFulfilledResult<T>).value);
@@ -286,6 +295,20 @@ export class Ranks {
       await m.worker.terminate();
       await m.gone.catch(() => {});
     })());
+  }
+
+  /** Whether local rank r takes part in the group's ops (all do, but those that left an elastic group). */
+  serves(r: number): boolean {
+    return this.elastic?.serves(r) ?? true;
+  }
+
+  /** Elastic: local rank `local`'s worker (gone) is replaced by a fresh one started with `init`; the same public handle. */
+  respawn(local: number, init: RankInit): void {
+    const h = this.handles[local]!;
+    Object.assign(h, { state: 'init', seq: init.firstSeq ?? 0, exited: false, terminated: false, error: undefined });
+    this.decoders.delete(h.rank);
+    releaseRemote(this.members[local]!.api);
+    this.spawn(local, init);
   }
 
   /** Every rank ends 'destroyed': asked to destroy its context, then its worker is terminated. */

@@ -60,7 +60,7 @@ export function runPrograms<T>(deps: RunDeps, url: string, args: unknown, signal
 
 /** Tells every program of run `id` to stop (rank.aborted, rank.signal): `reason` is the signal's reason. */
 function tellPrograms(workers: Ranks, id: number, reason: string): void {
-  for (const m of workers.members) {
+  for (const m of workers.members.filter((_, r) => workers.serves(r))) {
     Atomics.store(m.runAbort, 0, id);
     void m.api.abortRun(id, reason).catch(() => {});
   }
@@ -69,6 +69,8 @@ function tellPrograms(workers: Ranks, id: number, reason: string): void {
 async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number, signal?: AbortSignal): Promise<T[]> {
   const { workers, rankOffset } = deps;
   const rv = deps.world?.();
+  // An elastic group runs on the ranks that serve (a rank that left takes no part).
+  const serving = workers.members.flatMap((_, r) => (workers.serves(r) ? [r] : []));
   const outcomes: Array<RunOutcome | undefined> = workers.members.map(() => undefined);
   let threw: RunEnd['threw'];
   let returned: RunEnd['returned'];
@@ -91,14 +93,15 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
       const why = `rank ${rank}'s program ${o.thrown.isError && isErrorCode(o.thrown.code) ? 'failed' : 'threw'}: ${thrownText(o.thrown)}`;
       release(rank, 1, why);
       tellPrograms(workers, id, why);
-    } else if (rv || outcomes.some((x) => x === undefined)) {
+    } else if (rv || serving.some((x) => outcomes[x] === undefined)) {
       // (in a world the other processes' programs may still run: a release that finds nobody is harmless)
       if (returned === undefined || o.seq < returned.seq) returned = { rank, seq: o.seq };
       release(rank, o.seq + 1, `rank ${rank}'s program returned after collective #${o.seq}`);
     }
   };
   try {
-    const settled = await Promise.allSettled(workers.members.map(async (m, r) => {
+    const settled = await Promise.allSettled(serving.map(async (r) => {
+      const m = workers.members[r]!;
       try {
         ended(r, await workers.call(r, (api) => cutShort<RunOutcome>(api.run(url, args, id), [m.untilFailed])));
       } catch (e) {
@@ -110,7 +113,7 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
       }
     }));
     failedOrDestroyed(deps, settled);
-    const done = outcomes as RunOutcome[];
+    const done = serving.map((r) => outcomes[r]!);
     const seqs = done.map((o) => o.seq);
     const local: RunEnd = {
       run: id, seq: Math.max(...seqs), sessions: Math.max(...done.map((o) => o.sessions)),
@@ -122,7 +125,7 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
     const end = rv ? await agree(rv, local, workers) : local;
     // A rank that cannot be put back in step has failed; the program's error that began it is its cause.
     if (!end.inStep)
-      await recover(workers, end.seq, end.sessions).catch((e: RankflowError) => {
+      await recover(workers, serving, end.seq, end.sessions).catch((e: RankflowError) => {
         throw end.threw ? new RankflowError(e.code, e.message, { rank: e.rank, cause: programError(end.threw.rank, end.threw.thrown) }) : e;
       });
     const t = end.threw?.thrown;
@@ -131,8 +134,9 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
     if (signal?.aborted && (!t || t.code === 'ABORTED' || t.name === 'AbortError')) throw abortError('group.run', signal);
     if (end.threw) throw programError(end.threw.rank, end.threw.thrown);
     // The programs ran different collectives (a release cut some short, or they ended at different numbers).
-    if (end.mismatch) throw mismatch(end.returned, done, rankOffset, done.find((o) => !o.ok) as Extract<RunOutcome, { ok: false }> | undefined);
-    return done.map((o) => (o as Extract<RunOutcome, { ok: true }>).value as T);
+    if (end.mismatch) throw mismatch(end.returned, done, serving.map((r) => rankOffset + r), done.find((o) => !o.ok) as Extract<RunOutcome, { ok: false }> | undefined);
+    // One entry per local rank, as driver mode: null for a rank that left an elastic group.
+    return outcomes.map((o) => (o ? ((o as Extract<RunOutcome, { ok: true }>).value as T) : (null as T)));
   } finally {
     // The ranks are back in step, or failed: their ops run again (or refuse with their failure).
     workers.clearReleases();
@@ -145,7 +149,7 @@ function failedOrDestroyed(deps: RunDeps, settled: PromiseSettledResult<unknown>
   const { workers } = deps;
   const errors = [
     ...settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : [])),
-    ...workers.handles.flatMap((h) => (h.error ? [h.error] : [])),
+    ...workers.handles.flatMap((h, r) => (h.error && workers.serves(r) ? [h.error] : [])),
   ];
   if (errors.length === 0 && !deps.destroying()) return;
   if (deps.destroying()) throw new RankflowError('ABORTED', 'group.run: the group was destroyed while its programs ran', { ...(errors[0] ? { cause: errors[0] } : {}) });
@@ -163,8 +167,8 @@ async function agree(rv: Rendezvous, local: RunEnd, workers: Ranks): Promise<Run
 }
 
 /** Every rank recovers to the group's numbers (the largest any rank used); a rank that cannot has failed. */
-async function recover(workers: Ranks, seq: number, sessions: number): Promise<void> {
-  const settled = await Promise.allSettled(workers.members.map((_, r) => workers.call(r, (api) => api.recover(seq, sessions))));
+async function recover(workers: Ranks, serving: number[], seq: number, sessions: number): Promise<void> {
+  const settled = await Promise.allSettled(serving.map((r) => workers.call(r, (api) => api.recover(seq, sessions))));
   const errors = settled.flatMap((s) => (s.status === 'rejected' ? [RankflowError.from(s.reason)] : []));
   if (errors.length > 0) throw rootCause(errors);
 }
@@ -182,8 +186,8 @@ function programError(rank: number, t: ThrownValue): RankflowError {
 }
 
 /** The run's error when the programs ran different collectives: the earliest return named, a released rank's error the cause. */
-function mismatch(returned: RunEnd['returned'], done: RunOutcome[], rankOffset: number, cut?: Extract<RunOutcome, { ok: false }>): RankflowError {
-  const seqs = done.map((o, r) => `rank ${rankOffset + r}: #${o.seq}`).join(', ');
+function mismatch(returned: RunEnd['returned'], done: RunOutcome[], ranks: number[], cut?: Extract<RunOutcome, { ok: false }>): RankflowError {
+  const seqs = done.map((o, i) => `rank ${ranks[i]}: #${o.seq}`).join(', ');
   const first = returned ? `rank ${returned.rank}'s program returned after collective #${returned.seq} while its peers went on` : 'the ranks\' programs ran different numbers of collectives';
   return new RankflowError('STATE', `group.run: ${first} (last collectives ${seqs}): every rank's program must run the same collectives`, {
     ...(returned ? { rank: returned.rank } : {}), ...(cut ? { cause: rebuildThrown(cut.thrown) } : {}),

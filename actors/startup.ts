@@ -78,7 +78,7 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
         ...(ncclHostId !== undefined ? { ncclHostId } : {}),
       },
       ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl } : {}),
-      ...(scaleOut ? { scaleOut } : {}),
+      ...(scaleOut ? { scaleOut } : {}), ...(t.elastic ? { elastic: true } : {}),
     };
     g.ranks[r]!.seq = t.firstSeq;
     g.workers.spawn(r, init);

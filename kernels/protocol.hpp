@@ -42,6 +42,11 @@ constexpr int64_t kSignalTagWord = 2;
 // output; else device addresses, valid for peers of its process). Same lifetime as the payload.
 constexpr int64_t kSignalAddrWord = 3;
 RF_HD bool seq_reached(uint64_t slot_seq, uint64_t seq) { return slot_seq >= seq; }
+// The words of the workspace's `live` slot (WorkspaceLayout::live).
+constexpr int64_t kLiveMaskWord = 0;
+constexpr int64_t kLiveEpochWord = 1;
+RF_HD bool rank_live(uint64_t live_mask, int rank) { return ((live_mask >> rank) & 1u) != 0; }
+RF_HD uint64_t all_ranks_mask(int world) { return world >= 64 ? ~uint64_t(0) : (uint64_t(1) << world) - 1; }
 
 // Kinds of slot arrays in the workspace, each `world_size` slots wide (one per peer), except the
 // expert counts ([W][local experts]).
@@ -55,6 +60,12 @@ struct WorkspaceLayout {
   int64_t rank_count = 0;    // [W] dispatch notify: tokens rank p sends me (payload)
   int64_t expert_count = 0;  // [W][num_local_experts] dispatch notify: per local expert, from rank p
   int64_t session = 0;       // [W] AGRS session signals (open = 2i+1, close = 2i+2)
+  // One slot, written only by the rank itself while none of its ops runs (a membership change of an
+  // elastic group): word kLiveMaskWord the ranks serving (bit p: rank p), kLiveEpochWord how many
+  // membership changes the group made. Every op reads the mask when it starts and neither signals,
+  // writes into, nor waits for a rank outside it; a kernel reads it from its own window, so that a
+  // captured graph follows the membership it replays in.
+  int64_t live = 0;
   int64_t bytes = 0;         // 2 MiB aligned
 
   RF_HD static WorkspaceLayout make(int32_t world_size, int32_t num_local_experts) {
@@ -69,6 +80,7 @@ struct WorkspaceLayout {
     l.done = off;         off += row;
     l.rank_count = off;   off += row;
     l.session = off;      off += row;
+    l.live = off;         off += kSlotBytes;
     l.expert_count = off; off += row * (num_local_experts > 0 ? num_local_experts : 1);
     l.bytes = align_up(off, kAlignment);
     return l;
@@ -140,6 +152,8 @@ constexpr int64_t kBadShape = -3;
 // wait of the rank reads, natively and in its kernels (runtime/abort.hpp; actors/core/addon.ts ABORT
 // is generated from this, test/abi.test.ts compares). Two ways to end a rank's waits:
 // - a failure (a peer died, the rank is torn down): kFailedRank or kStopping; the rank is done;
+// - a peer left an elastic group (kLeftRank): the rank's ops end with RANK_FAILED naming it, from
+//   their waits and at their start, until the group re-forms without it (the rank lives on);
 // - a release (a rank program threw, or returned while its peers still wait): ops with a sequence
 //   number >= the u64 at kReleasedAbove give up (1: every op; a program that returned after op S
 //   releases S + 1 and later, which it will never enter); the rank lives on and is re-synchronised.
@@ -152,6 +166,7 @@ struct AbortWords {
   static constexpr int kReleaseOrigin = 3;       // the rank whose program ended the run + 1
   static constexpr int kReleasedAbove = 4;       // u64 (words 4-5, 8-byte aligned): 0 = not released
   static constexpr int kReleaseReasonBytes = 6;
+  static constexpr int kLeftRank = 7;            // elastic: the rank that left + 1; 0 = none (reason: the failure's)
   static constexpr int kWords = 8;
   static constexpr int kMaxReason = 1024;
   static constexpr int kFailureReasonAt = kWords * 4;                  // bytes

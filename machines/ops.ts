@@ -42,12 +42,14 @@ export const OP_TABLE = {
 
 export type CollectiveName = keyof typeof OP_TABLE;
 /** Every op a transition record names: the collectives, and the lifecycle's steps. */
-export type OpName = CollectiveName | 'register' | 'recover' | 'destroy';
+export type OpName = CollectiveName | 'register' | 'recover' | 'destroy' | 'remask' | 'rejoin';
 /** The events that start a collective. */
 export type OpEventType = (typeof OP_TABLE)[CollectiveName]['event'];
 
 /** The lifecycle's states, and the op a record of the transition out of them names. */
-const LIFECYCLE_STATES: Record<string, OpName> = { registerWindow: 'register', destroying: 'destroy', recovering: 'recover' };
+const LIFECYCLE_STATES: Record<string, OpName> = {
+  registerWindow: 'register', destroying: 'destroy', recovering: 'recover', remasking: 'remask', rejoining: 'rejoin',
+};
 
 const entries = Object.entries(OP_TABLE) as Array<[CollectiveName, OpDescriptor]>;
 

@@ -21,6 +21,12 @@
 // in-flight ops hold it there (no op runs: op = null), the state takes what its home state takes:
 // session.gathering/reducing the session's collectives, engram.fetching every op `ready` takes
 // except SESSION_OPEN and ENGRAM_WRITE (a session reuses the buffer, a write replaces the table).
+//
+// Elastic groups (input.elastic): a peer that leaves does not fail the rank. Its op in flight ends
+// with FAILED (RANK_FAILED naming the peer) into `masking`, and so does PEER_LEFT from any live state;
+// there every op is refused with that error until the group's REMASK (remasking: the native side
+// back in step and the new live mask written) -> ready. A replacement joining: REJOIN (rejoining:
+// its window mapped, a barrier with it) -> ready.
 import { assign, setup } from 'xstate';
 
 import { OP_OF_EVENT, OP_TABLE, opsFrom, type OpDescriptor, type OpEventType, type OpName } from './ops.js';
@@ -57,6 +63,8 @@ export interface RankContext {
   error: FailureInfo | null;
   /** asynchronous ops issued and not yet waited for, by kind */
   inflight: Record<InFlightKind, number>;
+  /** an elastic group's rank: a peer's leaving is PEER_LEFT / masking, not a failure */
+  elastic: boolean;
 }
 
 export interface RankInput {
@@ -65,6 +73,7 @@ export interface RankInput {
   gpuSeconds?: number;
   /** tests: where the sequence starts (RANKFLOW_TEST_FIRST_SEQ; default 0) */
   firstSeq?: number;
+  elastic?: boolean;
 }
 
 /** The events of the collectives that carry nothing but their type (ops.ts OP_TABLE). */
@@ -92,12 +101,20 @@ export type RankEvent =
   /** an op in flight was waited for (its failure is FAILED) */
   | { type: 'COMPLETED'; kind: InFlightKind }
   | { type: 'PEER_FAILED'; error: FailureInfo }
+  /** elastic: a peer left the group (`error` names it); the rank goes on once the group re-forms */
+  | { type: 'PEER_LEFT'; error: FailureInfo }
+  /** elastic: the group re-formed without the ranks that left (`seq`: the group's) */
+  | { type: 'REMASK'; seq: number }
+  /** elastic: a replacement joins (its window is mapped, then a barrier with it: one collective) */
+  | { type: 'REJOIN' }
   /** the run is over and was released: the rank is put back in step with the group (`seq`: the group's) */
   | { type: 'RECOVER'; seq: number };
 
 // Pieces every op state shares (the machine stays plain data; these only name the repetition).
 /** A run's release ended the op (FAILED with ABORTED): the rank waits in `released` for RECOVER. */
 const RELEASED = { target: '#rank.released', guard: 'released', actions: 'fail' } as const;
+/** Elastic: the op ended because a peer left (FAILED, RANK_FAILED naming another rank): masking. */
+const LEFT = { target: '#rank.masking', guard: 'peerLeft', actions: 'fail' } as const;
 /** RECOVER from a state with no op running (a session or fetches the program left behind included). */
 const RECOVER = { target: '#rank.recovering', guard: 'idle', actions: 'recover' } as const;
 
@@ -108,6 +125,7 @@ const settleReady = {
   FAILED: [
     { target: '#rank.engram.fetching', guard: { type: 'refusedWhile', params: { kind: 'fetch' } }, actions: 'refuse' },
     { target: '#rank.ready', guard: 'refused', actions: 'refuse' },
+    LEFT,
     RELEASED,
     { target: '#rank.failed', actions: 'fail' },
   ],
@@ -159,6 +177,7 @@ const sessionOp = <S extends string, T extends string>(kind: 'gather' | 'reduce'
         { target: self, guard: { type: 'refusedWhile', params: { kind } }, actions: 'refuse' },
         { target: there, guard: { type: 'refusedWhile', params: { kind: other } }, actions: 'refuse' },
         { target: '#rank.session.open', guard: 'refused', actions: 'refuse' },
+        LEFT,
         RELEASED,
         { target: '#rank.failed', actions: 'fail' },
       ],
@@ -213,6 +232,13 @@ export const rankMachine = setup({
       const seq = (event as { seq: number }).seq;
       return { op: 'recover' as const, error: null, seq, seqBefore: seq, inflight: { gather: 0, reduce: 0, fetch: 0 } };
     }),
+    /** REJOIN is one collective (its barrier with the replacement) */
+    rejoin: assign(({ context }) => ({ op: 'rejoin' as const, seq: context.seq + 1, seqBefore: context.seq })),
+    /** REMASK: as RECOVER, at the group's seq, into the new membership */
+    remask: assign(({ event }) => {
+      const seq = (event as { seq: number }).seq;
+      return { op: 'remask' as const, error: null, seq, seqBefore: seq, inflight: { gather: 0, reduce: 0, fetch: 0 } };
+    }),
     /** A peer's failure: the rank's own failure stands if it had one (a release is not one: the peer's failure replaces it). */
     recordPeerFailure: assign(({ context, event }) => ({
       error: context.error !== null && context.error.code !== 'ABORTED' ? context.error : (event as { error: FailureInfo }).error,
@@ -221,6 +247,11 @@ export const rankMachine = setup({
   guards: {
     /** The op was refused before it moved anything (isRefusal): the rank stays usable. */
     refused: ({ event }) => event.type === 'FAILED' && isRefusal(event.error.code),
+    /** Elastic: a peer left (the op's RANK_FAILED names another rank): the rank lives on, masking it. */
+    peerLeft: ({ context, event }) =>
+      context.elastic && event.type === 'FAILED' && event.error.code === 'RANK_FAILED' && event.error.rank !== undefined && event.error.rank !== context.rank,
+    /** PEER_LEFT reaches only an elastic group's ranks */
+    elastic: ({ context }) => context.elastic,
     /** The run released the op (a rank program ended): the rank lives on, out of step until RECOVER. */
     released: ({ event }) => event.type === 'FAILED' && event.error.code === 'ABORTED',
     /** no op runs now (only in-flight ops, if any, hold the rank in its state) */
@@ -247,16 +278,19 @@ export const rankMachine = setup({
     seqBefore: input.firstSeq ?? 0,
     error: null,
     inflight: { gather: 0, reduce: 0, fetch: 0 },
+    elastic: input.elastic ?? false,
   }),
   initial: 'init',
   on: {
     PEER_FAILED: { target: '.failed', actions: 'recordPeerFailure' },
+    PEER_LEFT: { target: '.masking', guard: 'elastic', actions: 'fail' },
   },
   states: {
     init: {
       on: {
         REGISTER: { target: 'registerWindow', actions: 'lifecycle' },
         DESTROY: { target: 'destroying', actions: 'lifecycle' },
+        PEER_LEFT: {},
       },
     },
     registerWindow: {
@@ -270,6 +304,28 @@ export const rankMachine = setup({
         ...READY_OPS,
         DESTROY: { target: 'destroying', actions: 'lifecycle' },
         RECOVER,
+        REJOIN: { target: 'rejoining', guard: 'elastic', actions: 'rejoin' },
+        REMASK: { target: 'remasking', guard: 'elastic', actions: 'remask' },
+      },
+    },
+    // Elastic: a peer left; ops refuse with its RANK_FAILED until the group re-forms (REMASK).
+    masking: {
+      on: {
+        PEER_LEFT: {},
+        REMASK: { target: 'remasking', actions: 'remask' },
+        DESTROY: { target: 'destroying', actions: 'lifecycle' },
+      },
+    },
+    remasking: {
+      on: {
+        DONE: { target: 'ready', actions: 'done' },
+        FAILED: { target: 'failed', actions: 'fail' },
+      },
+    },
+    rejoining: {
+      on: {
+        DONE: { target: 'ready', actions: 'done' },
+        FAILED: [LEFT, { target: 'failed', actions: 'fail' }],
       },
     },
     // barrier, allGathering, combining, pipeline, replaying (a captured graph's ops, launched at once:
@@ -291,7 +347,7 @@ export const rankMachine = setup({
         opening: {
           on: {
             DONE: { target: 'open', actions: 'done' },
-            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'refuse' }, RELEASED, { target: '#rank.failed', actions: 'fail' }],
+            FAILED: [{ target: '#rank.ready', guard: 'refused', actions: 'refuse' }, LEFT, RELEASED, { target: '#rank.failed', actions: 'fail' }],
           },
         },
         open: {
@@ -307,7 +363,7 @@ export const rankMachine = setup({
         closing: {
           on: {
             DONE: { target: '#rank.ready', actions: 'done' },
-            FAILED: [RELEASED, { target: '#rank.failed', actions: 'fail' }],
+            FAILED: [LEFT, RELEASED, { target: '#rank.failed', actions: 'fail' }],
           },
         },
       },
@@ -346,6 +402,7 @@ export const rankMachine = setup({
     failed: {
       on: {
         PEER_FAILED: {},
+        PEER_LEFT: {},
         DESTROY: { target: 'destroying', actions: 'lifecycle' },
       },
     },
@@ -354,8 +411,9 @@ export const rankMachine = setup({
         DONE: 'destroyed',
         FAILED: 'destroyed',
         PEER_FAILED: {},
+        PEER_LEFT: {},
       },
     },
-    destroyed: { type: 'final', on: { PEER_FAILED: {} } },
+    destroyed: { type: 'final', on: { PEER_FAILED: {}, PEER_LEFT: {} } },
   },
 });

@@ -37,7 +37,7 @@ describe('createGroup refuses a key it does not know, at every level, before any
     test.each([
         [{ rank: 2 }, /^options\.rank: is not an option \(did you mean 'ranks'\?\); options takes ranks, backend, devices, /],
         [{ bakend: 'host' }, /^options\.bakend: is not an option \(did you mean 'backend'\?\)/],
-        [{ elastic: true }, /^options\.elastic: is not an option; options takes /],
+        [{ elastc: true }, /^options\.elastc: is not an option \(did you mean 'elastic'\?\); options takes /],
         [{ buffer: { ...buffer, maxTokens: 4 } }, /^buffer\.maxTokens: is not an option \(did you mean 'maxTokensPerRank'\?\); buffer takes maxTokensPerRank, hidden, /],
         [{ timeouts: { cpuSecond: 5 } }, /^timeouts\.cpuSecond: is not an option \(did you mean 'cpuSeconds'\?\); timeouts takes cpuSeconds, gpuSeconds$/],
         [{ world: { size: 2, rankOffset: 0, rendezvous: 'tcp://127.0.0.1:1', nodeID: 'a' } }, /^world\.nodeID: is not an option \(did you mean 'nodeId'\?\)/],

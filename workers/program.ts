@@ -22,6 +22,7 @@ import { checkKnownKeys, unknownKeyError } from '../actors/core/option-keys.js';
 import type { RankOps } from './ops/index.js';
 import type { ReplayEvent } from './ops/device.js';
 import { interopMethods } from './interop.js';
+import { checkLiveOwners } from './ops/membership.js';
 import { engramFetchAsync, openRankSession, refuseWhileFetching, type RankSession } from './session-views.js';
 import { RunAbortState } from './run-abort.js';
 
@@ -93,6 +94,7 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     if (unknownKey) return Promise.reject(unknownKey);
     if (opts?.async === true) {
       checkArray('indices', ids, Int32Array);
+      checkLiveOwners(ops.membership, worldSize, ops.engramEntries, ids);
       return engramFetchAsync(ops, ids) as PendingFetch<Tensor & DeviceTensor>;
     }
     return (async () => {
@@ -113,6 +115,10 @@ export function programHandle(ops: RankOps, run = new RunAbortState(undefined, 0
     /** the sequence number of this rank's last collective, as its transitions carry it (a graph replay takes one per captured op) */
     get seq(): number {
       return ops.runner.seq();
+    },
+    /** the global ids of the ranks serving now, ascending (every rank but those that left an elastic group) */
+    get liveRanks(): number[] {
+      return ops.membership ? [...ops.membership.live] : Array.from({ length: worldSize }, (_, r) => r);
     },
     /** the rank machine's state, as a dotted path ('ready', 'session.gathering' while an allGather is in flight) */
     get state(): string {

@@ -28,8 +28,21 @@ export interface RankInit {
   runAbort: SharedArrayBuffer;
   /** tests only (RANKFLOW_TEST_FIRST_SEQ): the sequence number the rank's collectives start after */
   firstSeq?: number;
+  /** createGroup({ elastic: true }): a peer's leaving masks it (machines/rank.ts masking) instead of failing the rank */
+  elastic?: boolean;
+  /** elastic: a replacement rank starts in the group's membership (its live mask, count of changes, sessions) */
+  membership?: Membership;
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */
   tuning: { ceMinBytes: number; cooperative: boolean; graphLaunch: boolean; fusedDispatch: boolean; ncclHome?: string; ncclHostId?: string };
+}
+
+/** An elastic group's membership as a rank is told it: bit p of `mask` (rank p serves), `live` the same as ids. */
+export interface Membership {
+  mask: bigint;
+  epoch: number;
+  live: number[];
+  /** the group's session count (a replacement takes it, as a recovered rank does) */
+  sessions: number;
 }
 
 /** Where a rank stands between runs: what the group re-synchronises its ranks from. */

@@ -16,7 +16,7 @@ import type { CombineInput, DispatchInput } from '../actors/core/validate.js';
 import { RankOps } from './ops/index.js';
 import { programHandle } from './program.js';
 import { forgetAfterRecovery } from './session-views.js';
-import type { RankInit, RankPosition, RunOutcome } from './protocol.js';
+import type { Membership, RankInit, RankPosition, RunOutcome } from './protocol.js';
 import { thrownOf, type ThrownValue } from '../actors/core/thrown.js';
 import { RankRunner } from './runner.js';
 import { RunAborts } from './run-abort.js';
@@ -49,7 +49,9 @@ const native = new addon.Context({
   ...(init.firstSeq ? { firstSeq: init.firstSeq } : {}),
 }, new Int32Array(init.abort));
 
-const runner = new RankRunner(init.rank, { cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0 }, port, init.inspect);
+const runner = new RankRunner(init.rank, {
+  cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0, ...(init.elastic ? { elastic: true } : {}),
+}, port, init.inspect);
 const ops = new RankOps(init, native, runner);
 const { lifecycle } = ops;
 if (init.traffic) lifecycle.trafficWords(new BigUint64Array(init.traffic));
@@ -75,6 +77,8 @@ const api = {
     lifecycle.ncclInit(id);
   },
   register(peers: Array<{ deviceFd: number; hostFd: number }>): void {
+    // A replacement takes the group's membership first: its registration's barrier is among those ranks.
+    if (init.membership) lifecycle.startIn(init.membership);
     ops.register(peers);
     runner.alignSeq();
   },
@@ -84,6 +88,19 @@ const api = {
   },
   scaleoutConnect(endpoints: Array<{ host: string; port: number }>, key: Uint8Array, timeoutMs: number): void {
     lifecycle.scaleoutConnect(endpoints, key, timeoutMs);
+  },
+  /** Elastic: a peer left (the main thread already raised the left word): the machine masks it. */
+  peerLeft(error: FailureInfo): void {
+    runner.peerLeft(error);
+  },
+  /** Elastic: the group goes on with `m`'s ranks, in step at the group's seq and session count (ops/membership.cc). */
+  remask(seq: number, m: Membership): void {
+    lifecycle.remask(seq, m);
+    forgetAfterRecovery(ops);
+  },
+  /** Elastic: rank `peer`'s replacement joins (its window mapped, a barrier with it). */
+  rejoin(peer: number, segments: { deviceFd: number; hostFd: number }, m: Membership): void {
+    lifecycle.rejoin(peer, segments, m);
   },
   /** A peer is gone (the main thread already raised the abort words): the machine records it. */
   peerFailed(error: FailureInfo): void {

@@ -26,6 +26,7 @@ export const EVENTS = Object.freeze({
   barrier: { type: 'BARRIER', withCpuSync: false },
   barrierCpuSync: { type: 'BARRIER', withCpuSync: true },
   destroy: { type: 'DESTROY' },
+  rejoin: { type: 'REJOIN' },
 } as const satisfies Record<string, RankEvent>);
 
 /** The phases an op went through, as DONE carries them into the transition record. */
@@ -129,7 +130,7 @@ export class RankRunner {
 
   constructor(
     readonly rank: number,
-    timeouts: { cpuSeconds: number; gpuSeconds: number; firstSeq?: number },
+    timeouts: { cpuSeconds: number; gpuSeconds: number; firstSeq?: number; elastic?: boolean },
     private readonly port: { postMessage(m: unknown): void },
     private readonly inspect: boolean,
   ) {
@@ -188,8 +189,9 @@ export class RankRunner {
   /** Moves the machine into `event`'s state, or throws why it cannot. */
   enter(event: RankEvent): void {
     // A failed rank refuses with its failure; a released one (a run's release ended its op) with the
-    // release, until the group's RECOVER.
-    if ((this.path === 'failed' || (this.path === 'released' && event.type !== 'RECOVER')) && event.type !== 'DESTROY') {
+    // release, until the group's RECOVER; a masking one (elastic: a peer left) with the peer's leaving.
+    const waits = this.path === 'released' ? 'RECOVER' : this.path === 'masking' ? 'REMASK' : undefined;
+    if ((this.path === 'failed' || (waits !== undefined && event.type !== waits)) && event.type !== 'DESTROY') {
       const e = this.actorNow().getSnapshot().context.error;
       if (e) throw new RankflowError(e.code as never, e.message, { rank: e.rank, state: this.path, phase: e.phase });
     }
@@ -231,6 +233,16 @@ export class RankRunner {
    */
   recover(nativeSeq: number, fn: () => void): void {
     this.run({ type: 'RECOVER', seq: nativeSeq - (this.seqOffset ?? 0) }, fn);
+  }
+
+  /** Elastic: the group re-formed (`nativeSeq`: the group's): REMASK, fn (the native remask), DONE into ready. */
+  remask(nativeSeq: number, fn: () => void): void {
+    this.run({ type: 'REMASK', seq: nativeSeq - (this.seqOffset ?? 0) }, fn);
+  }
+
+  /** Elastic: a peer left the group (the main thread raised the left word already). */
+  peerLeft(error: FailureInfo): void {
+    if (this.actorNow().getSnapshot().status === 'active') this.send({ type: 'PEER_LEFT', error });
   }
 
   peerFailed(error: FailureInfo): void {
@@ -296,7 +308,7 @@ export class RankRunner {
     this.here = undefined;
     if (to === from) return true;
     const phases = (event as { phases?: readonly string[] }).phases;
-    if ((to === 'failed' || to === 'released') && c.error) {
+    if ((to === 'failed' || to === 'released' || to === 'masking') && c.error) {
       this.post({
         kind: 'transition',
         transition: {

@@ -30,6 +30,21 @@ export class AbortWords {
     Atomics.store(this.i32, ABORT.failedRank, rank + 1);
   }
 
+  /**
+   * Elastic groups: rank `rank` left (`message` says how). The rank's ops end with RANK_FAILED naming
+   * it, in their waits and at their start, until clearLeft(); the rank lives on. The text shares the
+   * failure's bytes: an elastic group's ranks never get a peer's failure.
+   */
+  left(rank: number, message: string): void {
+    Atomics.store(this.i32, ABORT.failureReasonBytes, this.text(ABORT.failureReasonAt, message));
+    Atomics.store(this.i32, ABORT.leftRank, rank + 1);
+  }
+
+  /** The group re-formed without the ranks that left: the rank's ops run again. */
+  clearLeft(): void {
+    Atomics.store(this.i32, ABORT.leftRank, 0);
+  }
+
   /** The rank is being torn down: whatever it waits for, it stops waiting. */
   stop(): void {
     Atomics.store(this.i32, ABORT.stopping, 1);

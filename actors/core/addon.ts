@@ -39,7 +39,7 @@ export const DISPATCH_IN_BUFFER = 2;    // device tensors; outputs left in the r
 export const DISPATCH_PENDING = 1;
 
 /** Word indices of a context's scratch (native/src/binding/context.hpp). */
-export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, addresses: 8, args: 16, tokensPerExpert: 24 } as const;
+export const SCRATCH = { layoutId: 0, numRecv: 1, graphOps: 2, maskedSlots: 3, addresses: 8, args: 16, tokensPerExpert: 24 } as const;
 /** The numbers of a dispatch call, in the scratch's args words (written just before the call): up to 6
  *  JS arguments cross Node-API without an allocation, and a number there costs no Node-API call. */
 export const DISPATCH_ARG = { numTokens: 0, xElemBytes: 1, expertAlignment: 2, handle: 3, numSms: 4, mode: 5 } as const;
@@ -52,7 +52,7 @@ export const COMBINE_ARG = { handle: 0, numSms: 1, xRows: 2 } as const;
  * that the words can start on a page the cuda backend maps into the GPU.
  */
 export const ABORT = {
-  failedRank: 0, stopping: 1, failureReasonBytes: 2, releaseOrigin: 3, releasedAbove: 4, releaseReasonBytes: 6, words: 8,
+  failedRank: 0, stopping: 1, failureReasonBytes: 2, releaseOrigin: 3, releasedAbove: 4, releaseReasonBytes: 6, leftRank: 7, words: 8,
   maxReason: 1024, failureReasonAt: 32, releaseReasonAt: 1056, span: 2080, bytes: 8192,
 } as const;
 
@@ -88,6 +88,10 @@ export interface NativeContext {
   sessionCount(): number;
   /** after a run's release: ops in flight waited for, session closed, seq and session count set (the group's) */
   recover(seq: number, sessionCount: number): void;
+  /** elastic: recover to the group's numbers and go on with the ranks of liveMask (bit p: rank p) */
+  remask(seq: number, sessionCount: number, liveMask: bigint, epoch: number): void;
+  /** elastic: rank `peer`'s replacement is mapped over its window and joins (a barrier with it) */
+  rejoin(peer: number, segments: { deviceFd: number; hostFd: number }, liveMask: bigint, epoch: number): void;
   readWindow(offset: number, length: number): Uint8Array;
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
   destroy(): void;
@@ -158,7 +162,7 @@ export interface NativeContext {
 }
 
 export interface EpLayout {
-  workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'slotBytes' | 'seqWord' | 'payloadWord' | 'tagWord' | 'bytes', number>;
+  workspace: Record<'barrier' | 'cpuBarrier' | 'enter' | 'done' | 'rankCount' | 'expertCount' | 'session' | 'live' | 'slotBytes' | 'seqWord' | 'payloadWord' | 'tagWord' | 'bytes', number>;
   buffer: Record<'slots' | 'x' | 'scales' | 'topkIdx' | 'topkWeights' | 'srcToken' | 'srcRank' | 'dispatchBytes' | 'combineX' | 'combineWeights' | 'combineFlags' | 'combineBytes' | 'bytes', number>;
   alignment: number;
   sizeHint: number;

@@ -17,6 +17,8 @@ export interface DispatchResult<D extends DispatchDType = DispatchDType> {
   srcToken: Int32Array;
   tokensPerExpert: number[];
   handle: DispatchHandle;
+  /** elastic groups only: this rank's top-k slots dropped (as -1 slots) because their expert's rank left */
+  maskedSlots?: number;
 }
 
 export interface CombineResult {

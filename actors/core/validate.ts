@@ -177,9 +177,13 @@ export function checkPerRank<T>(name: string, inputs: unknown, size: number): T[
 }
 
 /** Driver mode: one tensor per rank, all alike, whose world-wide gather fits `capacity` bytes. */
-export function checkGatherInputs(name: string, tensors: unknown, size: number, worldSize: number, capacity: number): void {
-  const list = checkPerRank<Tensor>(name, tensors, size);
-  list.forEach((t, r) => checkTensor(`${name}[${r}]`, t, {}));
+export function checkGatherInputs(name: string, tensors: unknown, size: number, worldSize: number, capacity: number, serves = (_r: number) => true): void {
+  // A rank that left an elastic group takes no part: its entry is not read (null).
+  const list = checkPerRank<Tensor>(name, tensors, size).filter((t, r) => {
+    if (serves(r)) checkTensor(`${name}[${r}]`, t, {});
+    return serves(r);
+  });
+  if (list.length === 0) return;
   checkSameShape(name, list);
   const bytes = numel(list[0]!.shape) * ELEMENT_BYTES[list[0]!.dtype];
   if (bytes * worldSize > capacity) throw invalid(name, `${bytes} bytes per rank need ${bytes * worldSize} buffer bytes; ${capacity} are available (raise buffer.bytes)`);

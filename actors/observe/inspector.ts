@@ -6,7 +6,8 @@
  *   GET /events        Server-Sent Events: `hello` (the run: size, machine, initial states), the
  *                      history so far, then each `transition` and `failure` live; `detached`
  *                      when the group is let go. Every new connection gets the full replay.
- *   GET /snapshot      JSON: { size, backend, attached, ranks: group.snapshot() }
+ *   GET /snapshot      JSON: { size, backend, attached, state?, liveRanks?, ranks: group.snapshot() }
+ *                      (state: the group's, 'degraded' while ranks of an elastic group are out)
  *   GET /machine       JSON: the machine description the page draws
  *   GET /timeline.svg  the timeline so far (actors/observe/timeline.ts), `?width=` in px
  *   GET /recording     JSON: the TimelineRecording, to draw again later
@@ -183,7 +184,8 @@ export async function startInspectorServer(options: InspectorOptions = {}): Prom
             const ranks = group
                 ? group.snapshot()
                 : lastStates(recorder).map(({ rank, state }) => ({ rank, state }));
-            replyJson(response, { size: hello().size, backend: group?.backend, attached: group !== undefined, ranks });
+            const whole = group?.state !== undefined ? { state: group.state, liveRanks: group.liveRanks } : {};
+            replyJson(response, { size: hello().size, backend: group?.backend, attached: group !== undefined, ...whole, ranks });
         },
         '/machine': (_request, response) => replyJson(response, machine),
         // Browsers ask for it unprompted; an answer keeps their consoles free of 404s.

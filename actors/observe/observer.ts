@@ -25,6 +25,9 @@ export interface RankFailureError {
 export interface ObservableGroup {
     readonly size: number;
     readonly backend?: string;
+    /** the group's own state and live ranks ('degraded' while ranks of an elastic group are out) */
+    readonly state?: string;
+    readonly liveRanks?: number[];
     snapshot(): Array<{ rank: number; state: string; seq?: number }>;
     on(event: 'transition', listener: (transition: TransitionEvent) => void): unknown;
     on(event: 'failed', listener: (failure: { rank: number; error: RankFailureError }) => void): unknown;

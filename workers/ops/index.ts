@@ -22,6 +22,8 @@ import { EVENTS, PHASES, type RankRunner } from '../runner.js';
 import { DeviceOps } from './device.js';
 import { LifecycleOps } from './lifecycle.js';
 import { SessionOps } from './session.js';
+import { checkLiveOwners, refuseDegraded } from './membership.js';
+import type { Membership } from '../protocol.js';
 
 const OUT_NAMES = ['x', 'scales', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken'] as const;
 
@@ -55,6 +57,8 @@ export class RankOps {
   readonly lifecycle: LifecycleOps;
   /** the native side of rank programs' session views and asynchronous ops: regions, views, issue, wait (./session.ts) */
   readonly session: SessionOps;
+  /** elastic groups: the membership the rank was last told (null: every rank serves; ./membership.ts) */
+  membership: Membership | null = null;
 
   constructor(
     readonly init: RankInit,
@@ -99,6 +103,7 @@ export class RankOps {
 
   /** The sum over the ranks of t (fp32 or bf16; every rank's of the same shape), on every rank: into t with inPlace, else a new tensor. */
   allReduce(t: Tensor | DeviceTensor, inPlace: boolean): Tensor | DeviceTensor {
+    refuseDegraded(this.membership, this.init.worldSize, 'allReduce');
     const n = numel(t.shape), bf16 = t.dtype === 'bf16';
     if (t instanceof DeviceTensor) {
       // Allocated while a graph is captured, the output belongs to the graph (every replay writes it).
@@ -204,6 +209,7 @@ export class RankOps {
       srcToken: out.srcToken,
       tokensPerExpert: this.tokensPerExpert(),
       handle: this.handleOf(this.f64[SCRATCH.layoutId]!, T, R),
+      ...(this.init.elastic ? { maskedSlots: this.f64[SCRATCH.maskedSlots]! } : {}),
     };
   }
 
@@ -297,6 +303,7 @@ export class RankOps {
   }
 
   sessionOpen(maxBytes: number, maxAllGathers: number): void {
+    refuseDegraded(this.membership, this.init.worldSize, 'openSession');
     this.run(EVENTS.sessionOpen, () => this.native.sessionOpen(maxBytes, maxAllGathers));
   }
 
@@ -348,6 +355,7 @@ export class RankOps {
     const meta = this.engram;
     // Refused before the machine moves: nothing is fetched, the rank stays ready.
     if (!meta) throw new RankflowError('STATE', 'engramFetch before engramWrite: no table is stored', { rank: this.init.rank, state: this.runner.state() });
+    checkLiveOwners(this.membership, this.init.worldSize, meta.entries, ids);
     const rowBytes = numel(meta.rowShape) * ELEMENT_BYTES[meta.dtype];
     const out = new Uint8Array(ids.length * rowBytes);
     this.run(EVENTS.engramFetch, () => this.native.engramFetch(ids, out));
@@ -355,6 +363,7 @@ export class RankOps {
   }
 
   ppExchange(t: Tensor): Tensor {
+    refuseDegraded(this.membership, this.init.worldSize, 'ppExchange');
     const bytes = numel(t.shape) * ELEMENT_BYTES[t.dtype];
     const out = new Uint8Array(bytes);
     this.run(EVENTS.ppExchange, () => this.native.ppExchange(t.data, bytes, out));

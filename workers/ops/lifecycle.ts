@@ -6,6 +6,7 @@
 import type { ExportedSegments, NativeContext, NativeInfo } from '../../actors/core/addon.js';
 import type { RankflowError } from '../../actors/core/errors.js';
 import { EVENTS } from '../runner.js';
+import type { Membership } from '../protocol.js';
 import type { RankOps } from './index.js';
 
 export class LifecycleOps {
@@ -80,6 +81,29 @@ export class LifecycleOps {
   recover(seq: number, sessions: number): void {
     this.ops.capturing = false;
     this.ops.runner.recover(seq, () => this.native.recover(seq, sessions));
+  }
+
+  /** Elastic: the membership the rank's ops follow (what the native call `apply` wrote into its workspace). */
+  membership(m: Membership, apply: () => void): void {
+    apply();
+    this.ops.membership = m;
+  }
+
+  /** Elastic: a replacement starts in the group's membership `m`, before its registration (whose barrier is among m's ranks). */
+  startIn(m: Membership): void {
+    this.membership(m, () => this.native.remask(this.native.seq(), m.sessions, m.mask, m.epoch));
+  }
+
+  /** Elastic: the group re-formed with `m`'s ranks; the rank in step at `seq` (ops/membership.cc remask). */
+  remask(seq: number, m: Membership): void {
+    this.ops.capturing = false;
+    this.ops.runner.remask(seq, () => this.membership(m, () => this.native.remask(seq, m.sessions, m.mask, m.epoch)));
+  }
+
+  /** Elastic: rank `peer`'s replacement joins: REJOIN through the machine (one collective: the barrier with it). */
+  rejoin(peer: number, segments: { deviceFd: number; hostFd: number }, m: Membership): void {
+    this.ops.runner.run(EVENTS.rejoin, () => this.membership(m, () => this.native.rejoin(peer, segments, m.mask, m.epoch)));
+    this.ops.engram = null;  // the table went with the old rank (ops/membership.cc): written again before a fetch
   }
 
   /** DESTROY through the machine; a rank that cannot take it now (mid-operation) is torn down anyway. */

@@ -69,6 +69,8 @@ void ContextWrap::lifecycle_methods(Methods& m) {
   m.push_back(InstanceMethod<&ContextWrap::Seq>("seq"));
   m.push_back(InstanceMethod<&ContextWrap::SessionCount>("sessionCount"));
   m.push_back(InstanceMethod<&ContextWrap::Recover>("recover"));
+  m.push_back(InstanceMethod<&ContextWrap::Remask>("remask"));
+  m.push_back(InstanceMethod<&ContextWrap::Rejoin>("rejoin"));
   m.push_back(InstanceMethod<&ContextWrap::ReadWindow>("readWindow"));
   m.push_back(InstanceMethod<&ContextWrap::WritePeer>("writePeer"));
   m.push_back(InstanceMethod<&ContextWrap::Destroy>("destroy"));
@@ -253,6 +255,42 @@ Napi::Value ContextWrap::Recover(const Napi::CallbackInfo& info) {
   pending_.reset();
   detach_views(env);
   guarded(env, [&] { ops::recover(c, seq, sessions); });
+  return env.Undefined();
+}
+
+// The live mask of an elastic group: a BigInt (bit p: rank p serves).
+static uint64_t mask_arg(const Napi::Value& v) {
+  bool lossless = false;
+  const uint64_t m = v.IsBigInt() ? v.As<Napi::BigInt>().Uint64Value(&lossless) : 0;
+  if (!lossless) throw_einval(v.Env(), "liveMask must be a BigInt of 64 bits at most");
+  return m;
+}
+
+// remask(seq, sessionCount, liveMask, epoch): an elastic group goes on with the ranks of liveMask (ops.hpp remask).
+Napi::Value ContextWrap::Remask(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Context& c = ctx(env);
+  const uint64_t seq = uint64_t(int_arg(info[0], "seq", 0, int64_t(1) << 53));
+  const uint32_t sessions = uint32_t(int_arg(info[1], "sessionCount", 0, UINT32_MAX));
+  const uint64_t mask = mask_arg(info[2]);
+  const uint64_t epoch = uint64_t(int_arg(info[3], "epoch", 0, int64_t(1) << 53));
+  pending_.reset();
+  detach_views(env);
+  guarded(env, [&] { ops::remask(c, seq, sessions, mask, epoch); });
+  return env.Undefined();
+}
+
+// rejoin(peer, { deviceFd, hostFd }, liveMask, epoch): rank peer's replacement is mapped and joins (ops.hpp rejoin).
+Napi::Value ContextWrap::Rejoin(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Context& c = ctx(env);
+  const int peer = int(int_arg(info[0], "peer", 0, c.world() - 1));
+  if (!info[1].IsObject()) throw_einval(env, "rejoin needs the replacement's exported segments");
+  const auto o = info[1].As<Napi::Object>();
+  const ExportedSegments seg{int(int_prop(o, "deviceFd", -1, -1, INT32_MAX)), int(int_prop(o, "hostFd", -1, -1, INT32_MAX))};
+  const uint64_t mask = mask_arg(info[2]);
+  const uint64_t epoch = uint64_t(int_arg(info[3], "epoch", 0, int64_t(1) << 53));
+  guarded(env, [&] { ops::rejoin(c, peer, seg, mask, epoch); });
   return env.Undefined();
 }
 

@@ -20,6 +20,7 @@ namespace rankflow::binding {
 constexpr int kScratchLayoutId = 0;     // f64: the dispatch's layout id
 constexpr int kScratchNumRecv = 1;      // f64: numRecv, -1 = unknown (no CPU sync)
 constexpr int kScratchGraphOps = 2;     // f64: ops in the graph captureEnd() made
+constexpr int kScratchMaskedSlots = 3;  // f64: the dispatch's top-k slots dropped because their expert's rank left
 constexpr int kScratchAddresses = 8;    // u64 [8, 16): x, scales, topkIdx, topkWeights, srcRank, srcToken, out x, out w
 // f64 [16, 24): the numbers of a dispatch or combine call, written by JS before it (actors/core/addon.ts
 // DISPATCH_ARG, COMBINE_ARG). Up to 6 JS arguments cross Node-API without an allocation
@@ -68,6 +69,8 @@ class ContextWrap : public Napi::ObjectWrap<ContextWrap> {
   Napi::Value Seq(const Napi::CallbackInfo& info);
   Napi::Value SessionCount(const Napi::CallbackInfo& info);
   Napi::Value Recover(const Napi::CallbackInfo& info);
+  Napi::Value Remask(const Napi::CallbackInfo& info);
+  Napi::Value Rejoin(const Napi::CallbackInfo& info);
   Napi::Value ReadWindow(const Napi::CallbackInfo& info);
   Napi::Value WritePeer(const Napi::CallbackInfo& info);
   Napi::Value Destroy(const Napi::CallbackInfo& info);

@@ -77,6 +77,7 @@ Napi::Value ContextWrap::finish_dispatch(Napi::Env env, PendingDispatch& p) {
   const bool fp8 = p.in.x_elem_bytes == 1;
   DispatchOutput out;
   scratch_f64_[kScratchLayoutId] = double(l.id);
+  scratch_f64_[kScratchMaskedSlots] = double(l.masked_slots);
   if (p.mode == kDispatchInBuffer) {
     out.in_buffer = true;
     ops::dispatch_finish(c, l, p.in, out);

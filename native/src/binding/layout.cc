@@ -25,6 +25,7 @@ Napi::Object layout_object(Napi::Env env, const EpConfig& c) {
   w.Set("rankCount", double(ws.rank_count));
   w.Set("expertCount", double(ws.expert_count));
   w.Set("session", double(ws.session));
+  w.Set("live", double(ws.live));
   w.Set("slotBytes", double(kSlotBytes));
   w.Set("seqWord", double(kSignalSeqWord));
   w.Set("payloadWord", double(kSignalPayloadWord));
@@ -90,7 +91,7 @@ Napi::Object abi_object(Napi::Env env) {
   Napi::Array phases = Napi::Array::New(env, size_t(kPhaseCount));
   for (uint64_t p = 0; p < kPhaseCount; ++p) phases.Set(uint32_t(p), phase_name(p));
   Napi::Object o = Napi::Object::New(env);
-  o.Set("scratch", numbers_object(env, {{"layoutId", kScratchLayoutId}, {"numRecv", kScratchNumRecv}, {"graphOps", kScratchGraphOps},
+  o.Set("scratch", numbers_object(env, {{"layoutId", kScratchLayoutId}, {"numRecv", kScratchNumRecv}, {"graphOps", kScratchGraphOps}, {"maskedSlots", kScratchMaskedSlots},
                                         {"addresses", kScratchAddresses}, {"args", kScratchArgs}, {"tokensPerExpert", kScratchTokensPerExpert}}));
   o.Set("dispatchArg", numbers_object(env, {{"numTokens", dispatch_arg::kNumTokens}, {"xElemBytes", dispatch_arg::kXElemBytes},
                                             {"expertAlignment", dispatch_arg::kExpertAlignment}, {"handle", dispatch_arg::kHandle},
@@ -101,7 +102,7 @@ Napi::Object abi_object(Napi::Env env) {
   o.Set("phases", phases);
   o.Set("abortWords", numbers_object(env, {{"failedRank", W::kFailedRank}, {"stopping", W::kStopping},
                                            {"failureReasonBytes", W::kFailureReasonBytes}, {"releaseOrigin", W::kReleaseOrigin},
-                                           {"releasedAbove", W::kReleasedAbove}, {"releaseReasonBytes", W::kReleaseReasonBytes},
+                                           {"releasedAbove", W::kReleasedAbove}, {"releaseReasonBytes", W::kReleaseReasonBytes}, {"leftRank", W::kLeftRank},
                                            {"words", W::kWords}, {"maxReason", W::kMaxReason}, {"failureReasonAt", W::kFailureReasonAt},
                                            {"releaseReasonAt", W::kReleaseReasonAt}, {"bytes", W::kBytes}}));
   return o;

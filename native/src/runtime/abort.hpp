@@ -28,6 +28,10 @@ class Abort {
   bool stopping() const { return load(W::kStopping) != 0 || local_stop_.load(std::memory_order_relaxed); }
   // A failure or the teardown: the rank's waits end, and so does the rank.
   bool raised() const { return failed_rank() >= 0 || stopping(); }
+  // Elastic groups: the peer that left (-1: none). The rank's ops end with RANK_FAILED naming it until
+  // the group re-forms without it (actors/elastic.ts clears the word then); the rank lives on.
+  int left_rank() const { return load(W::kLeftRank) - 1; }
+  std::string left_reason() const { return left_rank() >= 0 ? text(W::kFailureReasonBytes, W::kFailureReasonAt) : std::string(); }
   void fail_peer(int rank) { store(W::kFailedRank, rank + 1); }
   void stop() { local_stop_.store(true, std::memory_order_relaxed); }
 

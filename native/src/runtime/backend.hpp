@@ -231,6 +231,13 @@ class Backend {
   virtual int scaleout_listen(const std::string& host);
   virtual void scaleout_connect(const std::vector<ScaleoutEndpoint>& ends, const RailKey& key, double timeout_s);
 
+  // ---- elastic groups (runtime/ops/membership.cc): called only while none of the rank's ops runs ----
+  // Writes the ranks serving (bit p) and the membership count into this rank's workspace `live` slot
+  // (WorkspaceLayout::live), which every op reads when it starts. Default: EINVAL (host only so far).
+  virtual void set_live(uint64_t mask, uint64_t epoch);
+  // Maps the segments of `peer`'s replacement over the window of the rank it replaces.
+  virtual void import_peer(int peer, const ExportedSegments& seg);
+
   // ---- what only a backend with devices has (cuda): device memory, streams, events, graphs,
   // baselines, interop. Null where the backend has none (host): Context::device() refuses then, with
   // EINVAL naming the call, in one place. ----

@@ -51,6 +51,7 @@ Context::Context(const ContextConfig& c, int32_t* abort_words) : cfg(c) {
                "-byte workspace");
   cpu_bytes = align_up(c.cpu_bytes, kAlignment);
   seq = c.first_seq;
+  live_mask = all_ranks_mask(c.world_size);
   rules.rank = c.rank;
   rules.abort = &abort;
   rules.op_seq = &seq;
@@ -121,6 +122,12 @@ int Backend::scaleout_listen(const std::string&) {
 }
 void Backend::scaleout_connect(const std::vector<ScaleoutEndpoint>&, const RailKey&, double) {
   throw Error("BACKEND_UNAVAILABLE", "this rank's backend has no scale-out leg: its world cannot span nodes");
+}
+void Backend::set_live(uint64_t, uint64_t) {
+  throw Error("EINVAL", "elastic: this rank's backend does not mask ranks (elastic groups run on backend 'host', in one process)");
+}
+void Backend::import_peer(int, const ExportedSegments&) {
+  throw Error("EINVAL", "elastic: this rank's backend cannot map a replacement rank (elastic groups run on backend 'host', in one process)");
 }
 void Backend::nccl_init(const std::vector<uint8_t>&) {
   throw Error("EINVAL", "ncclInit: this rank's backend makes no NCCL communicator");

@@ -32,6 +32,8 @@ struct DispatchLayout {
   uint32_t id = 0;
   uint64_t seq = 0;                       // the dispatch op that filled it
   uint64_t fingerprint = 0;               // the seq of the dispatch that computed the routing (cached: its origin's)
+  uint64_t live_epoch = 0;                // the membership it was routed for (a handle of another is refused)
+  int64_t masked_slots = 0;               // top-k slots dropped because their expert's rank left
   int64_t num_tokens = 0;
   int64_t expert_alignment = 1;
   bool counts_known = false;              // counts and num_recv below are valid
@@ -91,6 +93,11 @@ class Context {
   uint32_t next_layout_id = 1;
   int64_t engram_entries = -1, engram_row_bytes = 0;
   InFlight inflight;           // asynchronous ops not yet waited for (runtime/ops/inflight.cc)
+  // Elastic groups: the ranks serving (bit p) and the membership changes so far, as this rank last
+  // wrote them into its workspace's `live` slot (runtime/ops/membership.cc), which its ops read.
+  uint64_t live_mask = 0;
+  uint64_t live_epoch = 0;
+  bool whole() const { return live_mask == all_ranks_mask(world()); }
   static constexpr size_t kMaxLiveHandles = 256;
 
   Backend& backend() const {
@@ -112,6 +119,7 @@ class Context {
   // The next op's sequence number; ABORTED where the run's release ends it (the op does not start).
   uint64_t next_seq() {
     if (abort.released(seq + 1)) throw release_error(abort, rank(), seq + 1, "the start of its next op");
+    if (abort.left_rank() >= 0) throw left_error(abort, rank(), "the start of its next op");
     return ++seq;
   }
 

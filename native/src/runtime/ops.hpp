@@ -85,4 +85,14 @@ void capture_begin(Context& c);
 uint64_t capture_end(Context& c, int64_t* ops);
 void replay(Context& c, uint64_t graph, int64_t ops);
 
+// ---- elastic groups (runtime/ops/membership.cc) ----
+// A rank left (or several did): once every survivor's ops ended (the left word ended them), this
+// rank recovers to the group's numbers (as after a run's release: recover above) and writes the new
+// membership `mask` (epoch: the group's count of changes) into its workspace, where its ops read it.
+void remask(Context& c, uint64_t seq, uint32_t session_index, uint64_t mask, uint64_t epoch);
+// A replacement of rank `peer` joined: its window is mapped over the old one, the membership gains
+// it, the engram table is forgotten (the replacement's host segment holds none), and a barrier with
+// the replacement (which registers at the same seq) ends it.
+void rejoin(Context& c, int peer, const ExportedSegments& seg, uint64_t mask, uint64_t epoch);
+
 }  // namespace rankflow::ops

@@ -34,6 +34,13 @@ Error abort_error(const WaitRules& r, const WaitSite& site) {
   return Error("RANK_FAILED", "rank " + std::to_string(r.rank) + " is shutting down", r.rank, phase_name(site.phase));
 }
 
+Error left_error(const Abort& a, int rank, const char* where) {
+  const int left = a.left_rank();
+  std::string why = a.left_reason();
+  if (why.empty()) why = "rank " + std::to_string(left) + " left the group";
+  return Error("RANK_FAILED", why + " (rank " + std::to_string(rank) + " was in " + where + "; the group goes on without it)", left, where);
+}
+
 Error release_error(const Abort& a, int rank, uint64_t seq, const char* where) {
   const int origin = a.release_origin();
   std::string why = a.release_reason();

@@ -60,6 +60,9 @@ inline void cpu_pause() {
 
 // RANK_FAILED for a wait ended by the Abort words.
 Error abort_error(const WaitRules& r, const WaitSite& site);
+// RANK_FAILED for an op ended because a peer left an elastic group (Abort::left_rank), naming it;
+// `where`: the phase it waited in, or the start of the op.
+Error left_error(const Abort& a, int rank, const char* where);
 // ABORTED for op `seq`, released by the run (Abort::released): naming the rank whose program ended it.
 Error release_error(const Abort& a, int rank, uint64_t seq, const char* where);
 inline uint64_t waiting_op(const WaitRules& r, const WaitSite& site) { return site.op != 0 ? site.op : r.op_seq != nullptr ? *r.op_seq : 0; }
@@ -86,6 +89,7 @@ void wait_until(const WaitRules& r, const WaitSite& site, WaitKind kind, Ready r
       if (ready()) return;
     }
     if (r.abort != nullptr && r.abort->raised()) throw abort_error(r, site);
+    if (r.abort != nullptr && r.abort->left_rank() >= 0) throw left_error(*r.abort, r.rank, phase_name(site.phase));
     // A release is raised only after what the releasing rank sent (acquire): look once more, so that
     // an op that its peers did complete is never released.
     if (wait_released(r, site)) {

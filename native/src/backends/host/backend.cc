@@ -21,6 +21,7 @@ HostBackend::HostBackend(Context& c) : c_(c) {
   c.rules.device_is_cpu = true;
   mem_.create(c.rank(), c.world(), c.sym_bytes, c.cpu_bytes, choose_memory_kind(c.cpu_bytes, c.cfg.hybrid),
               c.dom.num_scaleup_ranks);
+  set_live(all_ranks_mask(c.world()), 0);  // every rank serves (elastic groups change it: membership.cc)
 }
 
 void HostBackend::destroy() noexcept {
@@ -37,7 +38,7 @@ void HostBackend::scaleout_connect(const std::vector<ScaleoutEndpoint>&, const R
 }
 
 void HostBackend::import_peers(const std::vector<ExportedSegments>& peers, uint64_t seq) {
-  mem_.import_peers(peers);
+  mem_.import_peers(peers, 0, -1, live_mask());
   barrier(seq, false, true);
 }
 
@@ -73,7 +74,7 @@ const uint8_t* HostBackend::host_io(Mem in, Mem out, const char* op) {
 
 void HostBackend::signal_all(int64_t array, uint64_t seq, bool include_self) {
   for (int p = 0; p < world(); ++p)
-    if (include_self || p != rank()) signal(peer_slot(p, array), seq);
+    if ((include_self || p != rank()) && live(p)) signal(peer_slot(p, array), seq);
 }
 
 uint64_t HostBackend::wait_slot(const void* slot, uint64_t seq, const WaitSite& site, WaitKind kind, bool exact) const {
@@ -86,16 +87,16 @@ uint64_t HostBackend::wait_slot(const void* slot, uint64_t seq, const WaitSite& 
 
 void HostBackend::wait_all(int64_t array, uint64_t seq, Phase phase, const char* name, WaitKind kind, uint64_t op) const {
   for (int p = 0; p < world(); ++p)
-    if (p != rank()) wait_slot(my_slot(array, p), seq, WaitSite{phase, p, name, -1, op}, kind);
+    if (p != rank() && live(p)) wait_slot(my_slot(array, p), seq, WaitSite{phase, p, name, -1, op}, kind);
 }
 
 void HostBackend::announce(uint64_t seq, uint64_t tag) {
   for (int p = 0; p < world(); ++p)
-    if (p != rank()) signal(peer_slot(p, c_.ws.enter), seq, 0, tag);
+    if (p != rank() && live(p)) signal(peer_slot(p, c_.ws.enter), seq, 0, tag);
 }
 
 uint64_t HostBackend::wait_entered(int p, uint64_t seq, Phase phase) const {
-  if (p == rank()) return 0;
+  if (p == rank() || !live(p)) return 0;
   const void* slot = my_slot(c_.ws.enter, p);
   wait_slot(slot, seq, WaitSite{phase, p, "enter"}, WaitKind::Device);
   return slot_tag(slot);
@@ -115,15 +116,20 @@ void HostBackend::all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) {
   announce(seq);
   const int64_t at = int64_t(rank()) * bytes;
   std::memcpy(buffer() + at, src, size_t(bytes));
+  const uint64_t mask = live_mask();
   for (int i = 1; i < world(); ++i) {  // start at the next rank so that no receiver is hit by everyone first
     const int p = (rank() + i) % world();
+    if (!rank_live(mask, p)) continue;
     wait_entered(p, seq);
     std::memcpy(peer_buffer(p) + at, src, size_t(bytes));
     signal(peer_slot(p, c_.ws.done), seq);
   }
-  c_.traffic.up(bytes * (world() - 1));
+  c_.traffic.up(bytes * (__builtin_popcountll(mask) - 1));
   wait_all(c_.ws.done, seq, kPhaseAllGather, "done");
-  std::memcpy(out.ptr, buffer(), size_t(bytes * world()));
+  // A rank that left sent nothing: its part is zeros (what sits in the buffer there is an older op's).
+  for (int p = 0; p < world(); ++p)
+    if (rank_live(mask, p)) std::memcpy(out.as<uint8_t>() + p * bytes, buffer() + p * bytes, size_t(bytes));
+    else std::memset(out.as<uint8_t>() + p * bytes, 0, size_t(bytes));
 }
 
 }  // namespace host

@@ -26,6 +26,7 @@ struct Routing {
   std::vector<int32_t> topk_idx;    // [T * K] as given
   std::vector<uint64_t> dest_mask;  // [T] bit p set when rank p receives token t
   std::vector<int64_t> send_count;  // [W] tokens sent to rank p
+  int64_t masked_slots = 0;         // slots dropped because their expert's rank left (elastic)
 };
 // A two-level dispatch's view of one rail: the tokens of source rank (k, my local index) that reached
 // this node (for k = my node: all of my own tokens), in token order.
@@ -94,6 +95,8 @@ class HostBackend : public Backend {
   void agrs_complete(AgrsOp& op) override;
   void engram_fetch_issue(FetchOp& op) override;
   void engram_fetch_complete(FetchOp& op) override;
+  void set_live(uint64_t mask, uint64_t epoch) override;
+  void import_peer(int peer, const ExportedSegments& seg) override;
 
  protected:
   int rank() const { return c_.rank(); }
@@ -104,6 +107,13 @@ class HostBackend : public Backend {
   // My slot that rank `from` writes, and the slot of mine that peer p holds.
   void* my_slot(int64_t array, int from) const { return workspace() + c_.ws.slot(array, from); }
   void* peer_slot(int p, int64_t array) const { return mem_.peer_window(p) + c_.ws.slot(array, rank()); }
+
+  // The ranks serving, as this rank's workspace says (WorkspaceLayout::live; elastic groups): every
+  // protocol step below leaves out a rank outside it.
+  uint64_t live_mask() const {
+    return __atomic_load_n(reinterpret_cast<const uint64_t*>(workspace() + c_.ws.live) + kLiveMaskWord, __ATOMIC_ACQUIRE);
+  }
+  bool live(int p) const { return rank_live(live_mask(), p); }
 
   // Protocol steps shared by every op.
   void signal_all(int64_t array, uint64_t seq, bool include_self = false);

@@ -37,6 +37,9 @@ std::shared_ptr<Routing> HostBackend::make_routing(const DispatchInput& in, std:
   routing->dest_mask.assign(size_t(T), 0);
   routing->send_count.assign(size_t(W), 0);
   expert_counts.assign(size_t(W * epr), 0);
+  // An elastic group's slots whose expert lives on a rank that left are dropped as -1 slots are.
+  const uint64_t live = live_mask();
+  routing->masked_slots = 0;
   for (int64_t t = 0; t < T; ++t) {
     uint64_t mask = 0;
     for (int64_t k = 0; k < K; ++k) {
@@ -45,6 +48,10 @@ std::shared_ptr<Routing> HostBackend::make_routing(const DispatchInput& in, std:
       RF_CHECK(e >= 0 && e < E, "EINVAL",
                "topkIdx[" + std::to_string(t * K + k) + "]: " + std::to_string(e) + " is outside [0, " +
                    std::to_string(E) + ") and not -1");
+      if (!rank_live(live, int(e / epr))) {
+        ++routing->masked_slots;
+        continue;
+      }
       mask |= uint64_t(1) << (e / epr);
       ++expert_counts[size_t(e)];
     }
@@ -70,7 +77,9 @@ void HostBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
   std::vector<int64_t> expert_counts;
   begin_notify(l, in, expert_counts);
   const Routing* routing = state_of(l).routing.get();
+  l.masked_slots = routing->masked_slots;
   for (int p = 0; p < W; ++p) {
+    if (!live(p)) continue;
     uint8_t* peer_ws = mem_.peer_window(p);
     for (int64_t e = 0; e < epr; ++e)
       signal(peer_ws + c_.ws.expert_slot(rank(), int32_t(e)), seq, uint64_t(expert_counts[size_t(p * epr + e)]));
@@ -96,9 +105,10 @@ void HostBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
 bool HostBackend::dispatch_counts(DispatchLayout& l, bool block) {
   const int W = world();
   const int64_t epr = c_.experts_per_rank();
+  const uint64_t mask = live_mask();
   auto arrived = [&] {
     for (int p = 0; p < W; ++p)
-      if (slot_seq(my_slot(c_.ws.rank_count, p)) != l.seq) return false;
+      if (rank_live(mask, p) && slot_seq(my_slot(c_.ws.rank_count, p)) != l.seq) return false;
     return true;  // rank counts go last: the expert counts are there too
   };
   if (!block && !spin_for(c_.rules.spin_ns, arrived)) return false;
@@ -107,11 +117,11 @@ bool HostBackend::dispatch_counts(DispatchLayout& l, bool block) {
   k->per_rank.assign(size_t(W), 0);
   k->per_expert.assign(size_t(epr), 0);
   for (int p = 0; p < W; ++p)
-    k->per_rank[size_t(p)] = int64_t(wait_slot(my_slot(c_.ws.rank_count, p), l.seq,
+    if (rank_live(mask, p)) k->per_rank[size_t(p)] = int64_t(wait_slot(my_slot(c_.ws.rank_count, p), l.seq,
                                                WaitSite{kPhaseNotify, p, "rank_count"}, WaitKind::Cpu, true));
   for (int64_t e = 0; e < epr; ++e)
     for (int p = 0; p < W; ++p)
-      k->per_expert[size_t(e)] += int64_t(wait_slot(workspace() + c_.ws.expert_slot(p, int32_t(e)), l.seq,
+      if (rank_live(mask, p)) k->per_expert[size_t(e)] += int64_t(wait_slot(workspace() + c_.ws.expert_slot(p, int32_t(e)), l.seq,
                                                     WaitSite{kPhaseNotify, p, "expert_count", int(e)},
                                                     WaitKind::Cpu, true));
   l.set_counts(std::move(k));
@@ -142,6 +152,7 @@ void HostBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
   int refused = -1;
   for (int i = 0; i < W; ++i) {
     const int p = (rank() + i) % W;
+    if (!live(p)) continue;  // nothing of a dead rank's is routed to it, nor waited for from it
     if (r.send_count[size_t(p)] == 0 && p != rank()) {
       // Nothing to send; its enter is still read, so that a mismatched handle is seen on both sides.
       if (wait_entered(p, seq) != l.fingerprint) refused = p;
@@ -244,6 +255,7 @@ void HostBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
   int64_t row = 0;
   int refused = -1;
   for (int p = 0; p < W; ++p) {
+    if (!live(p)) continue;  // it received nothing of this dispatch (its counts are 0)
     const int64_t n = l.counts->per_rank[size_t(p)];
     const bool same = wait_entered(p, seq) == l.fingerprint || p == rank();
     if (!same) refused = p;

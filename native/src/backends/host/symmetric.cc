@@ -65,13 +65,13 @@ void HostSymmetricMemory::create(int rank, int world, int64_t device_bytes, int6
   }
 }
 
-void HostSymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, int share_first, int share_count) {
+void HostSymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, int share_first, int share_count, uint64_t live) {
   RF_CHECK(int(peers.size()) == world_, "EINVAL", "import_peers needs one entry per rank");
   RF_CHECK(!imported_, "STATE", "peers are already imported");
   const int node = rank_ / scaleup_ranks_;
   const int share_end = share_count < 0 ? world_ : share_first + share_count;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || p < share_first || p >= share_end) continue;
+    if (p == rank_ || p < share_first || p >= share_end || !rank_live(live, p)) continue;
     RF_CHECK(peers[p].device_fd >= 0, "EINVAL", "rank " + std::to_string(p) + " exported no device segment");
     map_fixed(peer_window(p), device_bytes_, peers[p].device_fd, "peer device segment");
     if (host_bytes_ > 0) {
@@ -84,11 +84,27 @@ void HostSymmetricMemory::import_peers(const std::vector<ExportedSegments>& peer
   if (kind_ == MemoryKind::Hybrid) {
     for (int i = 0; i < scaleup_ranks_; ++i) {
       const int p = node * scaleup_ranks_ + i;
+      if (!rank_live(live, p)) continue;
       const int fd = p == rank_ ? host_fd_ : peers[p].host_fd;
       map_fixed(window() + device_bytes_ + int64_t(i) * host_bytes_, host_bytes_, fd, "scale-up host segment");
     }
   }
   imported_ = true;
+}
+
+void HostSymmetricMemory::import_peer(int peer, const ExportedSegments& seg) {
+  RF_CHECK(imported_, "STATE", "import_peer before the peers were imported");
+  RF_CHECK(peer >= 0 && peer < world_ && peer != rank_, "EINVAL", "import_peer: rank " + std::to_string(peer) + " is not a peer");
+  RF_CHECK(seg.device_fd >= 0, "EINVAL", "rank " + std::to_string(peer) + "'s replacement exported no device segment");
+  RF_CHECK(host_bytes_ == 0 || seg.host_fd >= 0, "EINVAL", "rank " + std::to_string(peer) + "'s replacement exported no host segment");
+  // MAP_FIXED over the old rank's mapping: its pages stay only as long as nothing else maps them.
+  map_fixed(peer_window(peer), device_bytes_, seg.device_fd, "replacement device segment");
+  if (host_bytes_ == 0) return;
+  const int node = rank_ / scaleup_ranks_;
+  if (kind_ == MemoryKind::Hybrid && peer / scaleup_ranks_ == node)
+    map_fixed(window() + device_bytes_ + int64_t(peer % scaleup_ranks_) * host_bytes_, host_bytes_, seg.host_fd, "replacement scale-up host segment");
+  else
+    map_fixed(peer_window(peer) + device_bytes_, host_bytes_, seg.host_fd, "replacement host segment");
 }
 
 uint8_t* HostSymmetricMemory::host_segment(int peer) const {

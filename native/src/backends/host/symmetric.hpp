@@ -30,7 +30,10 @@ class HostSymmetricMemory {
   // Maps every peer's segments (indexed by global rank; this rank's own entry is ignored). Where the
   // world's nodes share no memory, only the ranks [share_first, share_first + share_count) of this
   // rank's node are mapped; the others' windows stay unmapped (their entries are ignored).
-  void import_peers(const std::vector<ExportedSegments>& peers, int share_first = 0, int share_count = -1);
+  // Ranks outside `live` (elastic: they left; their fds are gone) stay unmapped until import_peer.
+  void import_peers(const std::vector<ExportedSegments>& peers, int share_first = 0, int share_count = -1, uint64_t live = ~uint64_t(0));
+  // Maps a replacement of `peer` (elastic groups) over its window: MAP_FIXED replaces the old mapping.
+  void import_peer(int peer, const ExportedSegments& seg);
   // Unmaps everything and closes the fds this rank owns. Idempotent.
   void destroy();
 

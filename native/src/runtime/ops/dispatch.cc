@@ -11,6 +11,11 @@ std::shared_ptr<DispatchLayout> handle_layout(const Context& c, uint32_t handle,
            std::string(what) + ": handle " + std::to_string(handle) + " is unknown or expired on rank " +
                std::to_string(c.rank()) + " (a rank keeps the " + std::to_string(Context::kMaxLiveHandles) +
                " most recently used handles)");
+  // Its routing names the ranks that served then: a rank since gone (or back) would be waited for (or skipped).
+  RF_CHECK(l->live_epoch == c.live_epoch, "EINVAL",
+           std::string(what) + ": handle " + std::to_string(handle) + " was made before the group's membership changed (" +
+               "membership " + std::to_string(l->live_epoch) + ", now " + std::to_string(c.live_epoch) +
+               "): dispatch again without the handle");
   return l;
 }
 
@@ -58,7 +63,9 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
   l->seq = c.next_seq();
   l->num_tokens = in.num_tokens;
   l->expert_alignment = in.expert_alignment;
+  l->live_epoch = c.live_epoch;
   if (from) {
+    l->masked_slots = from->masked_slots;
     // Cached mode (seed 6.1 cached_mode): the same routing, counts known; no notify, no CPU sync.
     l->fingerprint = from->fingerprint;
     l->counts_known = from->counts_known;
