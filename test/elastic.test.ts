@@ -8,31 +8,15 @@
  * the machine's states (masking, remasking, rejoining) as transitions and in the trace export, the
  * refusals of the option and of replaceRank.
  */
-import { spawn } from 'node:child_process';
-import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 
 import { createGroup, TimelineRecorder, toChromeTrace } from '../actors/index.js';
-import { repoRoot } from './helpers/children.js';
+import { percentile, runCaseChild } from './helpers/children.js';
 import { recordTransitions } from './helpers/group.js';
 
 interface Rep { rep: number; ok: boolean; error?: string; left?: number | number[]; firstOp?: number | number[]; replace?: number; succeeded?: number; rejected?: number; kills?: number }
 
-/** Runs `reps` repetitions of case `name` at world size W in a child: its exit and what it wrote. */
-function runCase(name: string, W: number, reps: number): Promise<{ exit: number | null; signal: string | null; reps: Rep[]; stderr: string; ended: boolean }> {
-    return new Promise((resolve) => {
-        const child = spawn(process.execPath, [path.join(repoRoot, 'test/fixtures/elastic-child.mjs'), JSON.stringify({ name, W, reps })], { stdio: ['ignore', 'pipe', 'pipe'] });
-        let out = '', stderr = '';
-        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-        child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-        child.on('exit', (exit, signal) => {
-            const lines = out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Rep & { end?: boolean });
-            resolve({ exit, signal, reps: lines.filter((l) => !l.end), stderr, ended: lines.some((l) => l.end) });
-        });
-    });
-}
-
-const percentile = (xs: number[], p: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;
+const runCase = (name: string, W: number, reps: number) => runCaseChild<Rep>('elastic-child.mjs', name, W, reps);
 const flat = (reps: Rep[], k: 'left' | 'firstOp'): number[] => reps.flatMap((r) => (r[k] === undefined ? [] : ([] as number[]).concat(r[k]!)));
 
 async function expectCase(name: string, W: number, reps: number): Promise<Rep[]> {

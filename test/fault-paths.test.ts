@@ -7,31 +7,13 @@
  * as the contract says. Each case also reports how long every rank took to know (`ms`): well under a
  * timeout here; the figures themselves are bench/faults.ts's.
  */
-import { spawn } from 'node:child_process';
-import path from 'node:path';
 import { describe, expect, test } from 'vitest';
 
-import { repoRoot } from './helpers/children.js';
+import { percentile, runCaseChild } from './helpers/children.js';
 
 interface Rep { rep: number; ok: boolean; ms?: number; error?: string }
 
-/** Runs `reps` repetitions of case `name` at world size W in a child; its exit and what it wrote. */
-function runCase(name: string, W: number, reps: number): Promise<{ exit: number | null; signal: string | null; reps: Rep[]; stderr: string; ended: boolean }> {
-    return new Promise((resolve) => {
-        const child = spawn(process.execPath, [path.join(repoRoot, 'test/fixtures/faults-child.mjs'), JSON.stringify({ name, W, reps })], {
-            stdio: ['ignore', 'pipe', 'pipe'],
-        });
-        let out = '', stderr = '';
-        child.stdout.on('data', (d: Buffer) => (out += d.toString()));
-        child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
-        child.on('exit', (exit, signal) => {
-            const lines = out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as Rep & { end?: boolean });
-            resolve({ exit, signal, reps: lines.filter((l) => !l.end), stderr, ended: lines.some((l) => l.end) });
-        });
-    });
-}
-
-const percentile = (xs: number[], p: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;
+const runCase = (name: string, W: number, reps: number) => runCaseChild<Rep>('faults-child.mjs', name, W, reps);
 
 const CASES = [
     'destroy during run', 'terminate a waiting rank', 'abort during createGroup', 'a config too big to map', 'a program throws',

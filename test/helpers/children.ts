@@ -1,6 +1,6 @@
 // Child processes for multi-process tests: building what they run (forked children run plain JS,
 // not the TypeScript vitest runs), forking fixtures, and waiting for their IPC messages.
-import { execFileSync, fork, type ChildProcess } from 'node:child_process';
+import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, readdirSync, statSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
@@ -124,3 +124,25 @@ export function forkFixture(name: string, arg: unknown, env?: Record<string, str
 export function killAll(children: Child[]): void {
   for (const c of children.splice(0)) if (c.proc.exitCode === null && c.proc.signalCode === null) c.proc.kill('SIGKILL');
 }
+
+/** What a case child (test/fixtures/*-child.mjs) wrote: one JSON line per repetition, then `{ end: true }`. */
+export interface CaseRun<R> { exit: number | null; signal: string | null; reps: R[]; stderr: string; ended: boolean }
+
+/** Runs `reps` repetitions of case `name` at world size W in the child `fixture`; its exit and what it wrote. */
+export function runCaseChild<R>(fixture: string, name: string, W: number, reps: number): Promise<CaseRun<R>> {
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, [path.join(repoRoot, 'test/fixtures', fixture), JSON.stringify({ name, W, reps })], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    let out = '', stderr = '';
+    child.stdout.on('data', (d: Buffer) => (out += d.toString()));
+    child.stderr.on('data', (d: Buffer) => (stderr += d.toString()));
+    child.on('exit', (exit, signal) => {
+      const lines = out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as R & { end?: boolean });
+      resolve({ exit, signal, reps: lines.filter((l) => !l.end), stderr, ended: lines.some((l) => l.end) });
+    });
+  });
+}
+
+/** The p-th percentile of xs (nearest rank). */
+export const percentile = (xs: number[], p: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;
