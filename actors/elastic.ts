@@ -32,6 +32,8 @@ export class Membership {
   private epoch = 0;
   /** a rank left since the survivors were last put in step: they are, before the next op */
   private pending = false;
+  /** the last change, for what it ended (an AGRS session open across it: since()) */
+  private last = { rank: -1, what: 'left' };
   /** the ends of the workers that left and are not yet waited for: nothing of theirs may still write when the survivors go on */
   private exits: Array<Promise<unknown>> = [];
 
@@ -58,6 +60,15 @@ export class Membership {
   get liveRanks(): number[] {
     return this.ranks.handles.filter((_, r) => this.live[r]).map((h) => h.rank);
   }
+  /** For what begins now (an AGRS session): its end, RANK_FAILED naming the change, once the membership changed; until then undefined. */
+  since(): () => RankflowError | undefined {
+    const at = this.epoch;
+    return () => {
+      if (this.epoch === at) return undefined;
+      const { rank, what } = this.last;
+      return new RankflowError('RANK_FAILED', `this AGRS session ended when rank ${rank} ${what} the group (the ranks re-formed without its buffer parts): open another once the group is 'ready'`, { rank });
+    };
+  }
   private locals(): number[] {
     return this.live.flatMap((l, r) => (l ? [r] : []));
   }
@@ -71,10 +82,11 @@ export class Membership {
     if (!this.live[local]) return;
     this.live[local] = false;
     this.epoch++;
+    this.last = { rank: this.ranks.handles[local]!.rank, what: 'left' };
     this.exits.push(this.ranks.members[local]!.gone.catch(() => {}));
     this.pending = true;
     const h = this.ranks.handles[local]!;
-    const message = `rank ${h.rank} left the group: ${error.message}`;
+    const message = error.message.startsWith(`rank ${h.rank} left the group`) ? error.message : `rank ${h.rank} left the group: ${error.message}`;
     const info: FailureInfo = { code: 'RANK_FAILED', message, rank: h.rank, ...(error.phase !== undefined ? { phase: error.phase } : {}) };
     this.ranks.members.forEach((m, r) => {
       if (r === local || this.ranks.handles[r]!.exited) return;
@@ -129,12 +141,16 @@ export class Membership {
       const locals = this.locals();
       if (locals.length === 0) throw new RankflowError('STATE', `replaceRank(${rank}): no rank serves, so there is no group to join`);
       if (!this.ranks.handles[local]!.exited) await this.ranks.terminate(local);
-      const at = await Promise.all(locals.map((r) => this.ranks.call(r, (api) => api.position())));
+      const at = await Promise.all(locals.map((r) => this.ranks.call(r, (api) => api.position()))).catch((e: unknown) => {
+        const why = RankflowError.from(e);  // a survivor left meanwhile: the next op re-forms without it
+        throw new RankflowError(why.code, `replaceRank(${rank}): ${why.message}`, { rank: why.rank, cause: why });
+      });
       const seq = Math.max(...at.map((p) => p.seq)), sessions = Math.max(...at.map((p) => p.sessions));
       const live = this.live.map((l, r) => l || r === local);
       const m = this.told(live, this.epoch + 1, sessions);
       // Counted now: a survivor that rejoined and then re-forms without a failed replacement takes a later one.
       this.epoch = m.epoch;
+      this.last = { rank, what: 'joined' };
       const old = this.ranks.members[local]!.init;
       const init: RankInit = {
         ...old, abort: new SharedArrayBuffer(ABORT.bytes), runAbort: new SharedArrayBuffer(4), traffic: new SharedArrayBuffer(TRAFFIC.bytes),

@@ -160,10 +160,11 @@ export class Group extends EventEmitter<GroupEvents> {
   }
 
   /** Queues a collective: its checks run when its turn comes, against the ranks' current states. */
-  private collective<T>(states: readonly string[], body: () => Promise<T>, settle = true): Promise<T> {
+  private collective<T>(states: readonly string[], body: () => Promise<T>, settle = true, ended?: () => RankflowError | undefined): Promise<T> {
     const run = async (): Promise<T> => {
       if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
       if (settle) await this.membership?.settle();  // a rank left: the survivors re-form first
+      for (const gone of [ended?.()]) if (gone) throw gone;  // what the re-forming ended (an AGRS session) says so
       for (const h of this.ranks) {
         if (states.length === 0 || !this.workers.serves(h.rank - this.rankOffset)) continue;
         if (h.error) throw new RankflowError(h.error.code, h.error.message, { rank: h.error.rank ?? h.rank, state: h.state, phase: h.error.phase });
@@ -279,11 +280,11 @@ export class Group extends EventEmitter<GroupEvents> {
       await this.workers.all((api) => api.sessionOpen(opts.maxBytes, opts.maxAllGathers));
     });
     this.sessionOpen = true;
-    return new Session(this, opts.maxBytes, opts.maxAllGathers);
+    return new Session(this, opts.maxBytes, opts.maxAllGathers, this.membership?.since());
   }
 
-  /** @internal */ sessionCollective<T>(body: (all: Ranks['all']) => Promise<T>): Promise<T> {
-    return this.collective(['session.open'], () => body(this.workers.all.bind(this.workers)));
+  /** @internal */ sessionCollective<T>(body: (all: Ranks['all']) => Promise<T>, ended?: () => RankflowError | undefined): Promise<T> {
+    return this.collective(['session.open'], () => body(this.workers.all.bind(this.workers)), true, ended);
   }
   /** @internal */ get sessionIsOpen(): boolean { return this.sessionOpen; }
   /** @internal */ set sessionIsOpen(v: boolean) { this.sessionOpen = v; }

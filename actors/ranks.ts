@@ -169,6 +169,12 @@ export class Ranks {
     if (t.to === 'failed' && t.error) {
       const error = new RankflowError(t.error.code as never, t.error.message, { rank: t.error.rank ?? t.rank, state: t.from, phase: t.error.phase });
       this.markFailed(t.rank - this.rankOffset, error, t.error.code !== 'RANK_FAILED');
+    } else if (t.to === 'masking' && t.error?.rank !== undefined && this.elastic) {
+      // A peer it waited for did not answer in time (workers/runner.ts blameTimeout): that peer fails
+      // and leaves, if it still serves (a peer that left already is the usual case here).
+      const local = t.error.rank - this.rankOffset;
+      if (local !== t.rank - this.rankOffset && this.elastic.serves(local) && !this.handles[local]?.error)
+        this.markFailed(local, new RankflowError('RANK_FAILED', t.error.message, { rank: t.error.rank, state: this.handles[local]!.state, phase: t.error.phase }));
     }
   }
 

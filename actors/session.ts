@@ -1,6 +1,6 @@
 // An AGRS session (API.md, Sessions): all-gathers and reduce-scatters into the parts of the symmetric
 // buffer the session reserved, in order, up to maxAllGathers of them, until close(). Its collectives
-// queue on the group like every other.
+// queue on the group like every other. In an elastic group a membership change ends it (RANK_FAILED).
 import { RankflowError, invalid } from './core/errors.js';
 import { checkTensor, ELEMENT_BYTES, numel, type DType, type Tensor } from './core/tensor.js';
 import { checkPerRank, checkSameShape } from './core/validate.js';
@@ -11,7 +11,11 @@ export class Session {
   private closed = false;
   /** collectives started in this session: the ranks refuse more than maxAllGathers */
   private collectives = 0;
-  constructor(private readonly group: Group, readonly maxBytes: number, readonly maxAllGathers: number) {}
+  constructor(
+    private readonly group: Group, readonly maxBytes: number, readonly maxAllGathers: number,
+    /** elastic groups: RANK_FAILED once a rank left or joined since the session opened (the ranks' sessions end with it) */
+    private readonly ended?: () => RankflowError | undefined,
+  ) {}
 
   allGather<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
     try {
@@ -25,7 +29,7 @@ export class Session {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.group.sessionCollective((all) => all((api, r) => api.sessionAllGather(tensors[r]!) as Promise<Tensor<D>>));
+    return this.group.sessionCollective((all) => all((api, r) => api.sessionAllGather(tensors[r]!) as Promise<Tensor<D>>), this.ended);
   }
 
   reduceScatter<D extends DType>(tensors: Tensor<D>[]): Promise<Tensor<D>[]> {
@@ -44,10 +48,16 @@ export class Session {
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.group.sessionCollective((all) => all((api, r) => api.sessionReduceScatter(tensors[r]!) as Promise<Tensor<D>>));
+    return this.group.sessionCollective((all) => all((api, r) => api.sessionReduceScatter(tensors[r]!) as Promise<Tensor<D>>), this.ended);
   }
 
   async close(): Promise<void> {
+    if (!this.closed && this.ended?.()) {
+      // Elastic: the group's re-forming closed the ranks' sessions; nothing is left to close.
+      this.closed = true;
+      this.group.sessionIsOpen = false;
+      return;
+    }
     this.checkOpen();
     await this.group.sessionCollective(async (all) => {
       await all((api) => api.sessionClose());
@@ -58,6 +68,8 @@ export class Session {
 
   private checkOpen(): void {
     if (this.closed) throw new RankflowError('STATE', 'this AGRS session is closed');
+    const ended = this.ended?.();
+    if (ended) throw ended;
   }
 
   /**

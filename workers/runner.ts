@@ -57,6 +57,17 @@ export const failureOf = (e: RankflowError): FailureInfo => ({
 });
 
 /**
+ * Elastic groups: a wait that timed out on a peer (TIMEOUT_CPU / TIMEOUT_GPU naming it) is that
+ * peer's failure, not the waiter's: the peer did not answer, so it leaves (Ranks.onTransition) and
+ * the op rejects with RANK_FAILED naming it, the timeout as its cause. Elsewhere the waiter fails, as before.
+ */
+function blameTimeout(e: RankflowError, self: number, elastic: boolean): RankflowError {
+  if (!elastic || (e.code !== 'TIMEOUT_CPU' && e.code !== 'TIMEOUT_GPU') || e.rank === undefined || e.rank < 0 || e.rank === self) return e;
+  return new RankflowError('RANK_FAILED', `rank ${e.rank} left the group: it did not answer in time (${e.message})`,
+    { rank: e.rank, ...(e.phase !== undefined ? { phase: e.phase } : {}), ...(e.state !== undefined ? { state: e.state } : {}), cause: e });
+}
+
+/**
  * What one hot event does from one state, learnt from the machine the first time it happens there:
  * the target, how the context's seq moves (a replay by its ops) and the op it then serves.
  */
@@ -201,7 +212,7 @@ export class RankRunner {
 
   /** The op in progress threw: FAILED (a refusal, isRefusal: the rank stays usable); rethrows it. */
   fail(e: unknown): never {
-    const f = RankflowError.from(e);
+    const f = blameTimeout(RankflowError.from(e), this.rank, this.input.elastic === true);
     // The state it failed in, for whoever reads the error later (the op's state, not 'failed').
     const error = f.state !== undefined ? f : new RankflowError(f.code, f.message, { rank: f.rank, phase: f.phase, state: this.path });
     const native = isRefusal(error.code) && this.seqOffset !== undefined ? this.nativeSeq?.() : undefined;
