@@ -57,12 +57,13 @@ export const failureOf = (e: RankflowError): FailureInfo => ({
 });
 
 /**
- * Elastic groups: a wait that timed out on a peer (TIMEOUT_CPU / TIMEOUT_GPU naming it) is that
+ * Elastic groups on host: a wait that timed out on a peer (TIMEOUT_CPU / TIMEOUT_GPU naming it) is that
  * peer's failure, not the waiter's: the peer did not answer, so it leaves (Ranks.onTransition) and
- * the op rejects with RANK_FAILED naming it, the timeout as its cause. Elsewhere the waiter fails, as before.
+ * the op rejects with RANK_FAILED naming it, the timeout as its cause. Elsewhere (not elastic; cuda,
+ * where the timeout ended the waiter's protocol state) the waiter fails, as before.
  */
-function blameTimeout(e: RankflowError, self: number, elastic: boolean): RankflowError {
-  if (!elastic || (e.code !== 'TIMEOUT_CPU' && e.code !== 'TIMEOUT_GPU') || e.rank === undefined || e.rank < 0 || e.rank === self) return e;
+function blameTimeout(e: RankflowError, self: number, blames: boolean): RankflowError {
+  if (!blames || (e.code !== 'TIMEOUT_CPU' && e.code !== 'TIMEOUT_GPU') || e.rank === undefined || e.rank < 0 || e.rank === self) return e;
   return new RankflowError('RANK_FAILED', `rank ${e.rank} left the group: it did not answer in time (${e.message})`,
     { rank: e.rank, ...(e.phase !== undefined ? { phase: e.phase } : {}), ...(e.state !== undefined ? { state: e.state } : {}), cause: e });
 }
@@ -108,6 +109,8 @@ const contextKey = (busy: boolean, i: InFlightCounts): string => `${busy ? 1 : 0
 export class RankRunner {
   private actor: Actor<typeof rankMachine>;
   private readonly input;
+  /** elastic, where a wait that timed out leaves the waiter whole (host): the peer it waited for is blamed (blameTimeout) */
+  private readonly blamesTimeouts: boolean;
   private stale = false;
   /** steps by context (op running or not, the counts in flight), then state, then event */
   private readonly steps = new Map<string, Map<string, Map<string, Step>>>();
@@ -141,11 +144,13 @@ export class RankRunner {
 
   constructor(
     readonly rank: number,
-    timeouts: { cpuSeconds: number; gpuSeconds: number; firstSeq?: number; elastic?: boolean },
+    timeouts: { cpuSeconds: number; gpuSeconds: number; firstSeq?: number; elastic?: boolean; blamesTimeouts?: boolean },
     private readonly port: { postMessage(m: unknown): void },
     private readonly inspect: boolean,
   ) {
-    this.input = { rank, ...timeouts };
+    const { blamesTimeouts, ...input } = timeouts;
+    this.input = { rank, ...input };
+    this.blamesTimeouts = blamesTimeouts === true;
     this.seqNow = this.seqBefore = timeouts.firstSeq ?? 0;
     this.log = new TransitionLog(rank);
     this.pathId = this.log.id('init');
@@ -212,7 +217,7 @@ export class RankRunner {
 
   /** The op in progress threw: FAILED (a refusal, isRefusal: the rank stays usable); rethrows it. */
   fail(e: unknown): never {
-    const f = blameTimeout(RankflowError.from(e), this.rank, this.input.elastic === true);
+    const f = blameTimeout(RankflowError.from(e), this.rank, this.blamesTimeouts);
     // The state it failed in, for whoever reads the error later (the op's state, not 'failed').
     const error = f.state !== undefined ? f : new RankflowError(f.code, f.message, { rank: f.rank, phase: f.phase, state: this.path });
     const native = isRefusal(error.code) && this.seqOffset !== undefined ? this.nativeSeq?.() : undefined;
