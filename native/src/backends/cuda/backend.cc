@@ -93,8 +93,11 @@ void CudaBackend::create() {
   rail_frames_ = arrivals_ + 256;
   from_host(peers_, table.data(), int64_t(table.size() * sizeof(uint64_t)));
   RF_CU(cuMemsetD8Async, arrivals_, 0, size_t(256 + frames_bytes), stream_);
-  // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
+  // My workspace is zeroed before any peer can see my fds (they come from exported(), after this);
+  // every rank of the kernels' view serves (an elastic group changes it: membership.cc).
   RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
+  const uint64_t live[2] = {all_ranks_mask(kernel_world()), 0};
+  from_host(live_word(), live, int64_t(sizeof(live)));
   RF_CU(cuEventCreate, &op_start_, CU_EVENT_DEFAULT);
   RF_CU(cuEventCreate, &op_end_, CU_EVENT_DEFAULT);
   const EpConfig& ep = c_.cfg.ep;
@@ -123,7 +126,8 @@ void CudaBackend::map_peers(const std::vector<ExportedSegments>& peers, uint64_t
   const Nodes& nd = c_.nodes;
   translating(rank(), [&] {
     // Same process: the fds are borrowed, closed by their owner at destroy.
-    mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node);
+    // Ranks that left an elastic group (a replacement's registration) have no segments to map.
+    mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node, nd.two_level() ? ~uint64_t(0) : c_.live_mask);
     if (c_.cpu_bytes > 0) {  // engram: every host segment my GPU reaches (my node's; 0 elsewhere)
       std::vector<uint64_t> seg(static_cast<size_t>(world()));
       for (int p = 0; p < world(); ++p) seg[size_t(p)] = nd.same_node(p) ? uint64_t(mem_.host_segment(p)) : 0;
@@ -295,6 +299,7 @@ kargs::RankArgs CudaBackend::rank_args(uint64_t seq) const {
   a.ctl = reinterpret_cast<Control*>(ctl_dev_);
   a.abort = abort_dev_;
   a.arrivals = reinterpret_cast<unsigned int*>(arrivals_);
+  a.live = reinterpret_cast<const uint64_t*>(live_word());
   return a;
 }
 

@@ -93,6 +93,10 @@ class CudaBackend : public Backend, public DeviceOps {
   void check_alive(const char* op) const override;
   void recover() override;
 
+  // membership.cc: elastic groups (the ranks of one node)
+  void set_live(uint64_t mask, uint64_t epoch) override;
+  void import_peer(int peer, const ExportedSegments& seg) override;
+
   // collectives.cc
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
   void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
@@ -174,6 +178,9 @@ class CudaBackend : public Backend, public DeviceOps {
   // node, peers = the node's windows, workspace layout kws_ made for them): in a world of one node,
   // the world. One view per rank, so that every kernel of the rank uses the same slots.
   int kernel_rank() const { return c_.nodes.local; }
+  // The live slot of my workspace (device memory; RankArgs::live) and its words written in stream order.
+  CUdeviceptr live_word() const { return mem_.window() + CUdeviceptr(kws_.live); }
+  void write_live(uint64_t mask, uint64_t epoch);
   int kernel_world() const { return c_.nodes.ranks_per_node; }
   std::vector<uint64_t> kernel_peers() const;  // window bases, indexed by kernel rank
   CUdeviceptr kernel_peer_base(int j) const;   // kernel rank j's window
