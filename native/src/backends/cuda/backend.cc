@@ -96,8 +96,7 @@ void CudaBackend::create() {
   // My workspace is zeroed before any peer can see my fds (they come from exported(), after this);
   // every rank of the kernels' view serves (an elastic group changes it: membership.cc).
   RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
-  const uint64_t live[2] = {all_ranks_mask(kernel_world()), 0};
-  from_host(live_word(), live, int64_t(sizeof(live)));
+  write_live(all_ranks_mask(kernel_world()), 0);
   RF_CU(cuEventCreate, &op_start_, CU_EVENT_DEFAULT);
   RF_CU(cuEventCreate, &op_end_, CU_EVENT_DEFAULT);
   const EpConfig& ep = c_.cfg.ep;

@@ -10,15 +10,24 @@
 
 namespace rankflow::cuda {
 
+// In stream order (the stream is non-blocking: a plain copy would not wait for it), then drained: every
+// kernel launched after this reads the new mask. Stream memory ops where the GPU has them: no host
+// staging, and no runtime wait (one would end at once on a left word raised again meanwhile, and the
+// survivor would fail instead of re-forming).
 void CudaBackend::write_live(uint64_t mask, uint64_t epoch) {
-  uint64_t words[2] = {0, 0};
-  words[kLiveMaskWord] = mask;
-  words[kLiveEpochWord] = epoch;
-  // In stream order (the stream is non-blocking: a plain copy would not wait for it), then drained:
-  // every kernel launched after this reads the new mask.
+  const CUdeviceptr at = live_word();
   translating(rank(), [&] {
-    from_host(live_word(), words, int64_t(sizeof(words)));
-    RF_CU(cuStreamSynchronize, stream_);
+    if (stream_writes_) {
+      RF_CU(cuStreamWriteValue64, stream_, at + CUdeviceptr(8 * kLiveEpochWord), epoch, CU_STREAM_WRITE_VALUE_DEFAULT);
+      RF_CU(cuStreamWriteValue64, stream_, at + CUdeviceptr(8 * kLiveMaskWord), mask, CU_STREAM_WRITE_VALUE_DEFAULT);
+      RF_CU(cuStreamSynchronize, stream_);
+    } else {
+      uint64_t words[2] = {0, 0};
+      words[kLiveMaskWord] = mask;
+      words[kLiveEpochWord] = epoch;
+      RF_CU(cuStreamSynchronize, stream_);  // nothing of mine runs: a plain copy is ordered before my next kernel
+      RF_CU(cuMemcpyHtoD, at, words, sizeof(words));
+    }
   });
 }
 

@@ -37,7 +37,9 @@ void CudaBackend::recover() {
   try {
     wait_stream(WaitSite{kPhaseNone, -1, "stream"});
   } catch (const Error& e) {
-    if (e.code != "ABORTED") throw;  // a fault or a timeout: the rank is dead (check_alive says so from now on)
+    // A fault or a timeout: the rank is dead (check_alive says so from now on). A release, or (elastic)
+    // a peer that left again meanwhile: the stream drained, which is all this needed.
+    if (e.code != "ABORTED" && !(e.code == "RANK_FAILED" && !dead_ && c_.abort.left_rank() >= 0)) throw;
   }
   translating(rank(), [&] {
     RF_CU(cuMemsetD8Async, arrivals_, 0, 64, stream_);
