@@ -301,6 +301,7 @@ class CudaBackend : public Backend, public DeviceOps {
     uint64_t ops = 0;
     std::vector<std::shared_ptr<DeviceBlock>> keep;  // layouts' memory the graph's kernels use
     std::vector<CUdeviceptr> outputs;                // tensors allocated while capturing
+    bool needs_all = false;  // an op that needs every rank (the peer reduce): no replay while an elastic group is degraded
   };
   bool capturing_ = false;
   uint64_t synced_ = 0;  // the last value wait_stream asked the stream to write into Control.synced_seq
