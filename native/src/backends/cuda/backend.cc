@@ -212,6 +212,24 @@ uint64_t CudaBackend::write_peer(int peer, int64_t offset, const uint8_t* src, i
   return uint64_t(dst);
 }
 
+// The worker is gone without destroy() (process.exit in a worker, a crash): its kernels are told to
+// stop through the abort words they read, and its streams drain. What destroy() does then (module
+// unloads, unmaps, frees) may synchronise the whole device, whose other ranks (ranks sharing the GPU)
+// may wait in kernels for this one: their abort words are raised only once this worker has ended.
+bool CudaBackend::quiesce() noexcept {
+  try {
+    if (dev_) dev_->make_current();
+    c_.abort.stop_shared();
+    if (stream_ != nullptr) {
+      mirror_abort();
+      driver().cuStreamSynchronize(stream_);
+    }
+    if (busy_stream_ != nullptr) driver().cuStreamSynchronize(busy_stream_);
+  } catch (...) {
+  }
+  return true;
+}
+
 void CudaBackend::destroy() noexcept {
   if (destroyed_) return;
   destroyed_ = true;

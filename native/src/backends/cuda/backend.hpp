@@ -90,6 +90,7 @@ class CudaBackend : public Backend, public DeviceOps {
   void read_window(int64_t offset, int64_t len, uint8_t* out) override;
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
+  bool quiesce() noexcept override;
   void check_alive(const char* op) const override;
   void recover() override;
 
