@@ -30,7 +30,7 @@ export interface GroupOptions {
   /**
    * Elastic group (API.md, "Elastic groups"; actors/elastic.ts): a rank that fails leaves, the others go
    * on among themselves, group.replaceRank(r) brings a fresh rank r. Default false: a failure fails
-   * the group. Backend 'host' in one process only, for now.
+   * the group. Either backend ('cuda': ranks may share a GPU), the ranks of one process on one node, for now.
    */
   elastic?: boolean;
   /** Watchers attached before the ranks start (a TimelineRecorder, an inspector server), so they see every transition. */
@@ -68,8 +68,6 @@ export interface GroupPlan {
 /** Checks createGroup's options; throws EINVAL naming the first bad one (ABORTED for an aborted signal). */
 export function planGroup(opts: GroupOptions): GroupPlan {
   checkOptions('options', opts, '{ buffer, ranks?, backend?, ... }', false, GROUP_OPTION_KEYS);
-  // Asked for cuda, an elastic group is refused for what it is, whether or not this machine has GPUs.
-  if (opts.elastic === true && opts.backend === 'cuda') checkElastic(true, 'cuda', false, false);
   const backend = resolveBackend(checkBackendOption(opts.backend));
   const gpus = backend === 'cuda' ? cudaDeviceCount() : 0;
   const size = opts.ranks ?? (backend === 'cuda' ? (Array.isArray(opts.devices) ? opts.devices.length : gpus) : config.hostRanks);
@@ -97,7 +95,7 @@ export function planGroup(opts: GroupOptions): GroupPlan {
   }
   if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
     throw invalid('observers', 'must be an array of objects with attach(group)');
-  const elastic = checkElastic(opts.elastic, backend, world !== undefined, ranksPerNode < worldSize);
+  const elastic = checkElastic(opts.elastic, world !== undefined, ranksPerNode < worldSize);
   const firstSeq = checkTestFirstSeq(config.testFirstSeq);
   const signal = checkSignal('signal', opts.signal);
   if (signal?.aborted) throw abortError('createGroup', signal);
@@ -144,12 +142,10 @@ function checkTimeout(name: string, v: unknown): number {
   return v;
 }
 
-/** `elastic`: a boolean; true only where it is implemented (backend 'host', the ranks of one process). */
-function checkElastic(v: unknown, backend: Backend, world: boolean, nodes: boolean): boolean {
+/** `elastic`: a boolean; true only where it is implemented (either backend, the ranks of one process, one node). */
+function checkElastic(v: unknown, world: boolean, nodes: boolean): boolean {
   if (v === undefined || v === false) return false;
   if (v !== true) throw invalid('elastic', `must be a boolean (got ${String(v)})`);
-  if (backend !== 'host')
-    throw invalid('elastic', `is supported on backend 'host' only (this group resolved to backend '${backend}'): pass backend: 'host', or leave elastic off`);
   if (world) throw invalid('elastic', "is supported for the ranks of one process only (no world: rejoin across processes is not implemented yet)");
   if (nodes) throw invalid('elastic', 'is supported within one node only (ranksPerNode below the world size: the scale-out legs do not mask ranks yet)');
   return true;

@@ -33,6 +33,9 @@ struct RankArgs {
   // Two device words of the stream: [0] the grid-wide arrival count (kernels leave it zeroed),
   // [1] set once a wait of this rank gave up (common.cuh).
   unsigned int* arrivals = nullptr;
+  // Elastic groups: this rank's own workspace `live` slot (protocol.hpp WorkspaceLayout::live), read at
+  // run time so that a captured graph follows the membership it replays in; null: every rank serves.
+  const uint64_t* live = nullptr;
 };
 
 // Peer sets as rings around the rank: destinations (rank + dst_start + k) % W for k < dst_count,
@@ -184,8 +187,9 @@ struct MoeStateLayout {
 // slot words (sequence number, payload) of every peer's counts, 0 = not yet written.
 //   pairs [0, W)                 rank_count[p]                (written last)
 //   pairs [W, W + W * epr)       expert_count[p * epr + e]
+//   pair  W + W * epr            my top-k slots dropped because their expert's rank left (elastic)
 RF_HD int64_t host_counts_words(int32_t world, int64_t experts_per_rank) {
-  return 2 * int64_t(world) * (1 + experts_per_rank);
+  return 2 * int64_t(world) * (1 + experts_per_rank) + 2;
 }
 
 // Dispatch tensors (device addresses). Input x is [T, hidden] of x_elem_bytes (2: bf16, 1: fp8).

@@ -16,6 +16,7 @@
 // `done` is still signalled once every block finished (nobody needs to wait for it: each reducer
 // waited for exactly the rows it reads).
 // A wait that gives up (common.cuh) skips the work after it; nothing is signalled by a rank that gave up.
+// Elastic: no rank outside the live mask is signalled or waited for, and no row of one is summed.
 #include "moe.cuh"
 
 using namespace rankflow;
@@ -55,15 +56,16 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   const int W = a.world, K = m.topk, rank = a.rank;
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
-  const uint64_t seq = op_seq(a);
+  const uint64_t seq = op_seq(a), live = live_ranks(a);
   if (tid < W) peers[tid] = a.peers[tid];
   if (tid == 0) refused_bits = 0;
   __syncthreads();
   const uint64_t mine = peers[rank];
-  if (blockIdx.x == 0 && tid < W && tid != rank && !gave_up(a.arrivals))
+  const bool peer = tid < W && tid != rank && rank_live(live, tid);
+  if (blockIdx.x == 0 && peer && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, 0, args.fingerprint);
   bool ok = true;
-  if (tid < W && tid != rank) {
+  if (peer) {
     uint64_t tag = 0;
     ok = wait_signal(slot_at(mine, a.ws, a.ws.enter, tid), seq, a, kPhaseEnter, tid, nullptr, &tag);
     // Rank tid combines another dispatch's handle: its rows go nowhere, and the op is reported.
@@ -73,7 +75,7 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
     }
   }
   ok = __syncthreads_and(ok);
-  const uint64_t refused = refused_bits;
+  const uint64_t refused = refused_bits, skip = refused | ~live;  // no row goes to a refused or dead rank
 
   const int64_t maxT = m.max_tokens;
   const int64_t row = int64_t(m.hidden) * 2;
@@ -103,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
     const int64_t j = item / send_chunks, chunk = item - j * send_chunks;
     const int64_t o = j < my_first ? j : j + my_count;
     const int r = st.recv_src_rank[o];
-    if ((refused >> r) & 1) continue;
+    if ((skip >> r) & 1) continue;
     const int64_t slot = int64_t(rank) * maxT + st.recv_src_token[o];
     const uint64_t b = buf_base(a, peers, r);
     char* dst = reinterpret_cast<char*>(b + uint64_t(m.buf.combine_x)) + slot * row;
@@ -132,11 +134,11 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   }
 
   // 3. done.
-  if (last_block_arrived(a.arrivals) && tid < W && tid != rank && !gave_up(a.arrivals))
+  if (last_block_arrived(a.arrivals) && peer && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   if (!split) {
     bool arrived = true;
-    if (tid < W && tid != rank) arrived = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseCombineData, tid);
+    if (peer) arrived = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseCombineData, tid);
     ok = __syncthreads_and(ok && arrived);
   }
   if (!ok || (split && sender)) return;
@@ -154,7 +156,7 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   const int64_t reduce_chunks = reduce_rc.chunks, reduce_chunk_vecs = reduce_rc.vecs;
   for (int64_t item = reduce_first; item < T * reduce_chunks; item += reduce_warps) {
     const int64_t t = item / reduce_chunks, chunk = item - t * reduce_chunks;
-    const uint64_t mask = st.dest_mask[t];
+    const uint64_t mask = st.dest_mask[t] & live;  // the dispatch's routing left the dead out already
     if (split) {
       bool arrived = true;
       if (lane == 0) {

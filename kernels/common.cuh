@@ -81,6 +81,13 @@ __device__ __forceinline__ uint64_t op_seq(const RankArgs& a) {
   return a.epoch != nullptr ? a.seq + *reinterpret_cast<const volatile uint64_t*>(a.epoch) : a.seq;
 }
 
+// The ranks serving (bit p: rank p), once at a kernel's start: an elastic group's live mask, written by
+// the host between ops into this rank's workspace (RankArgs::live). No signal goes to, and no wait is
+// for, a rank outside it. Every rank where there is no such word.
+__device__ __forceinline__ uint64_t live_ranks(const RankArgs& a) {
+  return a.live != nullptr ? *reinterpret_cast<const volatile uint64_t*>(a.live) : ~uint64_t(0);
+}
+
 // The slot `array`[peer] of the workspace at the start of `window`.
 __device__ __forceinline__ uint64_t* slot_at(uint64_t window, const WorkspaceLayout& ws, int64_t array, int peer) {
   return reinterpret_cast<uint64_t*>(window + uint64_t(ws.slot(array, peer)));
@@ -136,7 +143,8 @@ __device__ __forceinline__ bool should_give_up(const RankArgs& a) {
   if (gave_up(a.arrivals)) return true;
   if (a.abort == nullptr) return false;
   const volatile int32_t* w = a.abort;
-  if (w[AbortWords::kFailedRank] != 0 || w[AbortWords::kStopping] != 0) return true;
+  // kLeftRank: a peer left an elastic group; the survivors' ops in flight end (RANK_FAILED), they live on.
+  if (w[AbortWords::kFailedRank] != 0 || w[AbortWords::kStopping] != 0 || w[AbortWords::kLeftRank] != 0) return true;
   const uint64_t released_above = *reinterpret_cast<const volatile uint64_t*>(w + AbortWords::kReleasedAbove);
   return released_op(released_above, op_seq(a));
 }

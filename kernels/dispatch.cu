@@ -18,6 +18,7 @@
 //   themselves). Block 0 counts in the end once it has read the peers' counts, not after writing the
 //   state (the kernel's end orders that before the next op). RANKFLOW_FUSED_DISPATCH=0 runs
 //   rf_dispatch_notify + rf_dispatch_data.
+// Elastic: no rank outside the live mask is signalled or waited for (the routing sends it nothing).
 #include "notify.cuh"
 
 using namespace rankflow;
@@ -56,7 +57,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   const int W = a.world, K = m.topk, E = m.num_experts, epr = m.experts_per_rank, rank = a.rank;
   const int tid = int(threadIdx.x);
   const int lane = tid & 31;
-  const uint64_t seq = op_seq(a);
+  const uint64_t seq = op_seq(a), live = live_ranks(a);
   const bool lead = part.block == 0;
   const uint64_t* peers = known_peers != nullptr ? known_peers : own_peers;
   if (known_peers == nullptr && tid < W) own_peers[tid] = a.peers[tid];
@@ -66,7 +67,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   // My own rows need no enter: my buffer's earlier readers are earlier work of my stream, and my
   // offset in it is in my state (a wait on my own slot cost every op ~1.7 µs: the signal's round
   // trip through the memory system, block 0's store to the other blocks' loads).
-  if (args.announce != 0 && lead && tid < W && tid != rank && !gave_up(a.arrivals))
+  if (args.announce != 0 && lead && tid < W && tid != rank && rank_live(live, tid) && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, uint64_t(st.recv_offset[tid]), args.fingerprint);
   bool ok = part_ok;
   if (tid == rank) {
@@ -75,7 +76,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
       offs[tid] = st.recv_offset[tid];
       if (lead) st.send_offset[tid] = offs[tid];
     }
-  } else if (tid < W) {
+  } else if (tid < W && rank_live(live, tid)) {
     uint64_t o = 0, tag = 0;
     ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.enter, tid), seq, a, kPhaseEnter, tid, &o, &tag);
     offs[tid] = int(o);
@@ -87,7 +88,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
       atomicOr(&refused_bits, 1ull << tid);
     }
   }
-  if (own_from_counts && tid < rank) {
+  if (own_from_counts && tid < rank && rank_live(live, tid)) {
     uint64_t n = 0;
     ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseNotify, tid, &n);
     if (ok) atomicAdd(&own_first, int(n));
@@ -100,7 +101,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
     }
     __syncthreads();
   }
-  const uint64_t refused = refused_bits;
+  const uint64_t send_to = live & ~refused_bits;
 
   const int64_t row = int64_t(m.hidden) * in.x_elem_bytes;  // bytes, a multiple of 16
   const int64_t nvec = row / 16;
@@ -138,7 +139,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
     // Lane l holds the output row of this token at rank l (and at rank l + 32).
     const int o_lo = lane < W && ((mask >> lane) & 1) ? offs[lane] + s_lo : -1;
     const int o_hi = lane + 32 < W && ((mask >> (lane + 32)) & 1) ? offs[lane + 32] + s_hi : -1;
-    mask &= ~refused;  // receivers that replay another handle get nothing
+    mask &= send_to;  // receivers that replay another handle (or left: a handle's older routing) get nothing
     for (int64_t base = lo; base < hi; base += kStep) {
       if (base != lo) {
 #pragma unroll
@@ -191,14 +192,14 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
     if (tid == 0) received = 0;
     __syncthreads();
     uint64_t n = 0;
-    if (tid < W && ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n))
+    if (tid < W && ok && rank_live(live, tid) && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n))
       atomicAdd(&received, int(n));
   }
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
-  if (last_block_arrived(arrivals) && tid < W && !gave_up(a.arrivals))
+  if (last_block_arrived(arrivals) && tid < W && rank_live(live, tid) && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   ok = true;
-  if (tid < W) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
+  if (tid < W && rank_live(live, tid)) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
   if (!__syncthreads_and(ok)) return;
 
   // Received: keep what combine needs, and copy the outputs out when asked.

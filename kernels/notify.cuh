@@ -15,6 +15,9 @@
 //   signals `enter` to every peer carrying the first output row of that peer's tokens in this rank's
 //   buffer (its payload; the host executor ignores it). No other block waits on a peer. An expert id
 //   outside [-1, numExperts) is dropped (as -1); the first one is reported in the Control block.
+//   Elastic: a slot whose expert lives on a rank outside the live mask is dropped as a -1 slot (the
+//   token's mask leaves that rank out; its expert count still counts it: block 0 sums those into
+//   the masked-slot count it mirrors for the CPU), and no count goes to, nor is waited for from, it.
 #pragma once
 
 #include "moe.cuh"
@@ -71,6 +74,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
   __shared__ int recv_cnt[kMaxRanks];
   __shared__ int recv_off[kMaxRanks + 1];
   __shared__ long long bad_at;
+  __shared__ int masked;  // block 0: my slots of a dead rank's expert (elastic)
   const RankArgs& a = args.r;
   const MoeShape& m = args.m;
   const MoeState& st = args.st;
@@ -91,7 +95,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
   *t_lo = t0;
   *t_hi = t0 + ntok;
   if (peers_out != nullptr) *peers_out = peers;
-  const uint64_t seq = op_seq(a);
+  const uint64_t seq = op_seq(a), live = live_ranks(a);
   uint64_t* masks = smem;                                        // [run]: token t0 + i at i
   int* expert_cnt = reinterpret_cast<int*>(smem + run);          // [E]
   uint8_t* owner = reinterpret_cast<uint8_t*>(expert_cnt + E);   // [E]: each expert's rank (W <= 64)
@@ -101,7 +105,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
     expert_cnt[e] = 0;
     owner[e] = uint8_t(e / epr);  // once per expert: a division per topk entry was most of the routing's instructions
   }
-  if (tid == 0) bad_at = -1;
+  if (tid == 0) bad_at = -1, masked = 0;
   __syncthreads();
 
   // 1. Routing: the ranks each token goes to (a thread per token: coalesced reads of topk_idx), and
@@ -142,6 +146,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
         count(e, k);
       }
     }
+    mask &= live;  // a slot of a dead rank's expert is dropped as a -1 slot
     masks[i] = mask;
     st.dest_mask[t] = mask;
   }
@@ -267,11 +272,12 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
     //    Receivers acquire the rank counts first, then read every expert slot, as the host does.
     for (int i = tid; i < W * epr; i += nt) {
       const int p = i / epr, e = i % epr;
-      signal_relaxed(reinterpret_cast<uint64_t*>(peers[p] + uint64_t(a.ws.expert_slot(rank, e))), seq,
+      if (rank_live(live, p))
+        signal_relaxed(reinterpret_cast<uint64_t*>(peers[p] + uint64_t(a.ws.expert_slot(rank, e))), seq,
                      uint64_t(expert_cnt[p * epr + e]));
     }
     __syncthreads();
-    if (tid < W)  // its release is cumulative over the expert counts the block's barrier ordered before it
+    if (tid < W && rank_live(live, tid))  // its release is cumulative over the expert counts the block's barrier ordered before it
       signal(slot_at(peers[tid], a.ws, a.ws.rank_count, rank), seq, uint64_t(send_cnt[tid]));
   }
   if (synced) {  // the slots (a block that gave up at the grid's barrier has no first slots)
@@ -283,6 +289,9 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
   }
   if (blk != 0) return synced;  // the other blocks never wait on a peer
   for (int p = tid; p < W; p += nt) st.send_count[p] = synced ? send_cnt[p] : 0;
+  if (synced && live != all_ranks_mask(W))  // the masked slots: my counts of a dead rank's experts
+    for (int e = tid; e < E; e += nt)
+      if (!rank_live(live, owner[e]) && expert_cnt[e] != 0) atomicAdd(&masked, expert_cnt[e]);
   __syncthreads();  // expert_cnt is reused below
 
   // 3. Every peer's counts, from my workspace (a device wait).
@@ -292,7 +301,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
   bool ok = synced;
   if (tid < W) {
     uint64_t n = 0;
-    ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseNotify, tid, &n);
+    if (rank_live(live, tid)) ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseNotify, tid, &n);
     recv_cnt[tid] = ok ? int(n) : 0;
   }
   ok = __syncthreads_and(ok);
@@ -307,7 +316,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
   __syncthreads();
   // 4. enter, first (the peers' data phase waits for it): rank tid may write into my buffer for
   //    this op, from row recv_off[tid] on. Nothing is announced by a rank that gave up.
-  if (ok && tid < W) signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, uint64_t(recv_off[tid]), args.fingerprint);
+  if (ok && tid < W && rank_live(live, tid)) signal(slot_at(peers[tid], a.ws, a.ws.enter, rank), seq, uint64_t(recv_off[tid]), args.fingerprint);
   // 5. The state, and the host mirror (rank counts last: once the CPU sees them, it sees the rest).
   //    Every peer's rank count was acquired above (then the block's barrier): its expert counts are
   //    visible, and a relaxed load reads them (a wait only if one is not there, which would be a bug).
@@ -315,7 +324,8 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
     const int p = i / epr, e = i % epr;
     const uint64_t* slot = reinterpret_cast<const uint64_t*>(mine + uint64_t(a.ws.expert_slot(p, e)));
     uint64_t n = 0;
-    if (seq_reached(ld_relaxed_sys(slot + kSignalSeqWord), seq)) n = ld_relaxed_sys(slot + kSignalPayloadWord);
+    if (!rank_live(live, p)) n = 0;  // it sent nothing
+    else if (seq_reached(ld_relaxed_sys(slot + kSignalSeqWord), seq)) n = ld_relaxed_sys(slot + kSignalPayloadWord);
     else if (!wait_signal(slot, seq, a, kPhaseNotify, p, &n)) break;
     atomicAdd(&expert_cnt[e], int(n));
     if (mirror != nullptr) {
@@ -324,7 +334,7 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
     }
   }
   ok = __syncthreads_and(ok && !gave_up(a.arrivals));
-  if (arrive != nullptr && last_block_arrived(arrive) && tid < W && !gave_up(a.arrivals))
+  if (arrive != nullptr && last_block_arrived(arrive) && tid < W && rank_live(live, tid) && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   for (int p = tid; p <= W; p += nt) st.recv_offset[p] = ok ? recv_off[p] : 0;
   for (int p = tid; p < W; p += nt) st.recv_count[p] = ok ? recv_cnt[p] : 0;
@@ -335,6 +345,10 @@ __device__ __forceinline__ bool notify_phase(const NotifyArgs& args, bool fused,
   }
   for (int e = tid; e < epr; e += nt) st.tokens_per_expert[e] = ok ? expert_cnt[e] : 0;
   if (!ok || mirror == nullptr) return ok;
+  if (tid == 0) {  // the slots this rank dropped for a dead rank's expert
+    mirror[2 * (W + W * epr) + 1] = uint64_t(masked);
+    mirror[2 * (W + W * epr)] = seq;
+  }
   __syncthreads();  // the state above comes first: each release below is cumulative over the barrier
   if (tid < W) {
     mirror[2 * tid + 1] = uint64_t(recv_cnt[tid]);

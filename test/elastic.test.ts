@@ -137,9 +137,13 @@ describe('in process', () => {
 
     test.each([
         [{ elastic: 'yes' }, /^elastic: must be a boolean/],
-        [{ elastic: true, backend: 'cuda' }, /^elastic: is supported on backend 'host' only/],
         [{ elastic: true, ranks: 4, ranksPerNode: 2 }, /^elastic: is supported within one node only/],
     ])('the option is refused where it is not implemented: %j', async (extra, message) => {
         await expect(createGroup({ backend: 'host', ranks: 2, buffer, ...extra } as never)).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(message) });
+    });
+
+    test('on cuda the option is taken: a machine without a GPU refuses the backend, not elastic', async () => {
+        const made = await createGroup({ backend: 'cuda', ranks: 2, buffer, elastic: true }).then((g) => g.destroy(), (e: unknown) => e);
+        if (made !== undefined) expect((made as Error).message).not.toMatch(/^elastic/);
     });
 });

@@ -36,7 +36,8 @@ export interface DoctorReport {
         driver?: { path: string; version?: string };
         gpus: Array<Record<string, unknown>>;
     };
-    nccl?: { path?: string; version?: string; origin?: string; unavailable?: LoadFailure };
+    /** commShrink / commGrow: whether the NCCL found exports ncclCommShrink / ncclCommGrow (issue 35; elastic groups of one process use neither). */
+    nccl?: { path?: string; version?: string; origin?: string; commShrink?: boolean; commGrow?: boolean; unavailable?: LoadFailure };
     /** What carries the bytes between nodes of a world that spans them (world.nodeId), per backend. */
     scaleOut: {
         host: { transport: string };
@@ -137,13 +138,15 @@ export function doctorReport(): DoctorReport {
         report.cuda.driver = { path: probe.driver, ...(typeof probe.driverVersion === 'string' ? { version: probe.driverVersion } : {}) };
     }
     if (Array.isArray(probe.gpus)) report.cuda.gpus = probe.gpus as Array<Record<string, unknown>>;
-    const nccl = probe.nccl as { path?: string; version?: string; origin?: string; reason?: string } | undefined;
+    const nccl = probe.nccl as { path?: string; version?: string; origin?: string; commShrink?: boolean; commGrow?: boolean; reason?: string } | undefined;
     report.scaleOut.cuda = cudaScaleOut(probe.nccl as Record<string, unknown> | undefined);
     if (nccl) {
         report.nccl = {
             ...(nccl.path !== undefined ? { path: nccl.path } : {}),
             ...(nccl.version !== undefined ? { version: nccl.version } : {}),
             ...(nccl.origin !== undefined ? { origin: nccl.origin } : {}),
+            ...(typeof nccl.commShrink === 'boolean' ? { commShrink: nccl.commShrink } : {}),
+            ...(typeof nccl.commGrow === 'boolean' ? { commGrow: nccl.commGrow } : {}),
             ...(nccl.reason !== undefined ? { unavailable: parseLoadFailure(nccl.reason) } : {})
         };
     }
@@ -188,7 +191,11 @@ export function formatDoctorReport(report: DoctorReport): string[] {
             `${gpu.vmmPosixFd ? 'VMM with POSIX-fd handles' : 'no VMM with POSIX-fd handles'}`);
     }
     if (report.nccl?.unavailable) failure('NCCL', report.nccl.unavailable);
-    else if (report.nccl) row('NCCL', `${report.nccl.path ?? '?'}, version ${report.nccl.version ?? '?'}${report.nccl.origin ? ` (${report.nccl.origin})` : ''}`);
+    else if (report.nccl) {
+        row('NCCL', `${report.nccl.path ?? '?'}, version ${report.nccl.version ?? '?'}${report.nccl.origin ? ` (${report.nccl.origin})` : ''}`);
+        const has = (v: boolean | undefined) => (v === undefined ? 'not probed' : v ? 'yes' : 'no');
+        more(`ncclCommShrink ${has(report.nccl.commShrink)}, ncclCommGrow ${has(report.nccl.commGrow)} (elastic groups of one process need neither)`);
+    }
     if (report.cuda.driver && report.cuda.unavailable) failure('cuda', report.cuda.unavailable);
     else row('cuda', report.cuda.available ? 'usable' : 'not usable: see driver above');
     row('scaleout', `host: ${report.scaleOut.host.transport}`);

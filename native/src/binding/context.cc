@@ -4,6 +4,7 @@
 #include "context.hpp"
 
 #include <cstring>
+#include <thread>
 
 #include "marshal.hpp"
 
@@ -127,6 +128,15 @@ void ContextWrap::OnEnvCleanup(void* arg) {
   // The worker ended without destroy() (terminate, crash): nobody waits for this rank's teardown.
   if (self->ctx_) self->ctx_->abort.abandoned = true;
   self->pending_.reset();
+  // cuda: the rank's kernels stopped and its stream drained here; the rest of its teardown may wait
+  // for the whole device, whose other ranks wait for this one until the main thread sees this worker
+  // end: it goes on a thread of its own (it touches no JS object; the abort words are not read again).
+  if (self->ctx_ && self->ctx_->quiesce()) {
+    std::thread([c = std::move(self->ctx_)]() mutable {
+      c->destroy();
+      c.reset();
+    }).detach();
+  }
   self->teardown();
   self->abort_words_.SuppressDestruct();
   self->scratch_.SuppressDestruct();

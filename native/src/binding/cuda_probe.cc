@@ -66,6 +66,8 @@ Napi::Value CudaProbe(const Napi::CallbackInfo& info) {
       n.Set("path", nc.library);
       n.Set("version", cuda::nccl_version_string(nc.version));
       n.Set("origin", nc.origin);
+      n.Set("commShrink", nc.comm_shrink);  // elastic communicators (issue 35): exported or not
+      n.Set("commGrow", nc.comm_grow);
       // The cuda scale-out leg's calls (backends/cuda/scaleout.hpp): grouped ncclSend / ncclRecv.
       try {
         cuda::nccl_p2p();

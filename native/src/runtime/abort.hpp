@@ -34,6 +34,11 @@ class Abort {
   std::string left_reason() const { return left_rank() >= 0 ? text(W::kFailureReasonBytes, W::kFailureReasonAt) : std::string(); }
   void fail_peer(int rank) { store(W::kFailedRank, rank + 1); }
   void stop() { local_stop_.store(true, std::memory_order_relaxed); }
+  // The rank's worker ended without a teardown: its own stop word, where its kernels read it too.
+  void stop_shared() {
+    if (attached()) store(W::kStopping, 1);
+    stop();
+  }
 
   // The first sequence number the run's release ends (0: no release).
   uint64_t released_above() const {

@@ -176,6 +176,11 @@ class Backend {
   virtual uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) = 0;
   // Frees everything. Idempotent, noexcept; works after a peer failed or a kernel faulted.
   virtual void destroy() noexcept = 0;
+  // A worker that ended without destroy() (its env's cleanup): once this returns nothing of the rank
+  // runs or writes any more, so that the rest of destroy() may go on another thread (true: it must,
+  // since it may wait for the whole device, whose other ranks wait for this one until their peers are
+  // told, which happens only when this worker has ended). Default: false, destroy() here.
+  virtual bool quiesce() noexcept { return false; }
   // Refuses an op on a rank whose protocol state is gone (a wait gave up): RANK_FAILED saying why.
   virtual void check_alive(const char* op) const { (void)op; }
   // After a run's release (runtime/ops/recover.cc), with every op of the rank waited for: what the

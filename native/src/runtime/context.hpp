@@ -127,6 +127,9 @@ class Context {
   std::shared_ptr<DispatchLayout> layout(uint32_t id) const;
   std::shared_ptr<DispatchLayout> add_layout();
   void destroy() noexcept;
+  // The worker ended without destroy(): true once nothing of the rank runs any more and destroy() is to
+  // go on another thread (Backend::quiesce).
+  bool quiesce() noexcept { return backend_ != nullptr && backend_->quiesce(); }
 
  private:
   std::unique_ptr<Backend> backend_;

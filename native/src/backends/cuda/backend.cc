@@ -93,8 +93,10 @@ void CudaBackend::create() {
   rail_frames_ = arrivals_ + 256;
   from_host(peers_, table.data(), int64_t(table.size() * sizeof(uint64_t)));
   RF_CU(cuMemsetD8Async, arrivals_, 0, size_t(256 + frames_bytes), stream_);
-  // My workspace is zeroed before any peer can see my fds (they come from exported(), after this).
+  // My workspace is zeroed before any peer can see my fds (they come from exported(), after this);
+  // every rank of the kernels' view serves (an elastic group changes it: membership.cc).
   RF_CU(cuMemsetD8Async, mem_.window(), 0, size_t(c_.ws.bytes), stream_);
+  write_live(all_ranks_mask(kernel_world()), 0);
   RF_CU(cuEventCreate, &op_start_, CU_EVENT_DEFAULT);
   RF_CU(cuEventCreate, &op_end_, CU_EVENT_DEFAULT);
   const EpConfig& ep = c_.cfg.ep;
@@ -123,7 +125,8 @@ void CudaBackend::map_peers(const std::vector<ExportedSegments>& peers, uint64_t
   const Nodes& nd = c_.nodes;
   translating(rank(), [&] {
     // Same process: the fds are borrowed, closed by their owner at destroy.
-    mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node);
+    // Ranks that left an elastic group (a replacement's registration) have no segments to map.
+    mem_.import_peers(peers, false, nd.first_local(), nd.ranks_per_node, nd.two_level() ? ~uint64_t(0) : c_.live_mask);
     if (c_.cpu_bytes > 0) {  // engram: every host segment my GPU reaches (my node's; 0 elsewhere)
       std::vector<uint64_t> seg(static_cast<size_t>(world()));
       for (int p = 0; p < world(); ++p) seg[size_t(p)] = nd.same_node(p) ? uint64_t(mem_.host_segment(p)) : 0;
@@ -207,6 +210,24 @@ uint64_t CudaBackend::write_peer(int peer, int64_t offset, const uint8_t* src, i
   const CUdeviceptr dst = mem_.translate(mem_.window() + CUdeviceptr(offset), peer);
   if (len > 0) translating(rank(), [&] { RF_CU(cuMemcpyHtoD, dst, src, size_t(len)); });
   return uint64_t(dst);
+}
+
+// The worker is gone without destroy() (process.exit in a worker, a crash): its kernels are told to
+// stop through the abort words they read, and its streams drain. What destroy() does then (module
+// unloads, unmaps, frees) may synchronise the whole device, whose other ranks (ranks sharing the GPU)
+// may wait in kernels for this one: their abort words are raised only once this worker has ended.
+bool CudaBackend::quiesce() noexcept {
+  try {
+    if (dev_) dev_->make_current();
+    c_.abort.stop_shared();
+    if (stream_ != nullptr) {
+      mirror_abort();
+      driver().cuStreamSynchronize(stream_);
+    }
+    if (busy_stream_ != nullptr) driver().cuStreamSynchronize(busy_stream_);
+  } catch (...) {
+  }
+  return true;
 }
 
 void CudaBackend::destroy() noexcept {
@@ -295,6 +316,7 @@ kargs::RankArgs CudaBackend::rank_args(uint64_t seq) const {
   a.ctl = reinterpret_cast<Control*>(ctl_dev_);
   a.abort = abort_dev_;
   a.arrivals = reinterpret_cast<unsigned int*>(arrivals_);
+  a.live = reinterpret_cast<const uint64_t*>(live_word());
   return a;
 }
 

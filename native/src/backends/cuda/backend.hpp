@@ -90,8 +90,13 @@ class CudaBackend : public Backend, public DeviceOps {
   void read_window(int64_t offset, int64_t len, uint8_t* out) override;
   uint64_t write_peer(int peer, int64_t offset, const uint8_t* src, int64_t len) override;
   void destroy() noexcept override;
+  bool quiesce() noexcept override;
   void check_alive(const char* op) const override;
   void recover() override;
+
+  // membership.cc: elastic groups (the ranks of one node)
+  void set_live(uint64_t mask, uint64_t epoch) override;
+  void import_peer(int peer, const ExportedSegments& seg) override;
 
   // collectives.cc
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
@@ -174,6 +179,9 @@ class CudaBackend : public Backend, public DeviceOps {
   // node, peers = the node's windows, workspace layout kws_ made for them): in a world of one node,
   // the world. One view per rank, so that every kernel of the rank uses the same slots.
   int kernel_rank() const { return c_.nodes.local; }
+  // The live slot of my workspace (device memory; RankArgs::live) and its words written in stream order.
+  CUdeviceptr live_word() const { return mem_.window() + CUdeviceptr(kws_.live); }
+  void write_live(uint64_t mask, uint64_t epoch);
   int kernel_world() const { return c_.nodes.ranks_per_node; }
   std::vector<uint64_t> kernel_peers() const;  // window bases, indexed by kernel rank
   CUdeviceptr kernel_peer_base(int j) const;   // kernel rank j's window
@@ -294,6 +302,7 @@ class CudaBackend : public Backend, public DeviceOps {
     uint64_t ops = 0;
     std::vector<std::shared_ptr<DeviceBlock>> keep;  // layouts' memory the graph's kernels use
     std::vector<CUdeviceptr> outputs;                // tensors allocated while capturing
+    bool needs_all = false;  // an op that needs every rank (the peer reduce): no replay while an elastic group is degraded
   };
   bool capturing_ = false;
   uint64_t synced_ = 0;  // the last value wait_stream asked the stream to write into Control.synced_seq

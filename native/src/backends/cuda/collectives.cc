@@ -79,6 +79,7 @@ void CudaBackend::reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf
   a.bf16 = bf16 ? 1 : 0;
   a.tag = peer_reduce_tag(n, bf16);
   const CUdeviceptr result = mem_.window() + CUdeviceptr(sums);
+  if (capturing_) capture_.needs_all = true;
   translating(rank(), [&] {
     if (!in_direct && bytes > 0) {
       const CUdeviceptr to = mem_.window() + CUdeviceptr(staged);

@@ -25,7 +25,8 @@ CudaDoctor cuda_doctor() {
   r.nccl_ok = nccl_available(&why);
   if (r.nccl_ok) {
     const Nccl& n = nccl();
-    r.nccl = "NCCL " + nccl_version_string(n.version) + " at " + n.library + " (" + n.origin + ")";
+    r.nccl = "NCCL " + nccl_version_string(n.version) + " at " + n.library + " (" + n.origin + "); ncclCommShrink " +
+             (n.comm_shrink ? "yes" : "no") + ", ncclCommGrow " + (n.comm_grow ? "yes" : "no");
   } else {
     r.nccl = why;
   }

@@ -62,6 +62,10 @@ void CudaBackend::replay(uint64_t graph, uint64_t seq) {
   check_alive("replay");
   const auto it = graphs_.find(graph);
   RF_CHECK(it != graphs_.end(), "EINVAL", "replay: not a live graph of rank " + std::to_string(rank()));
+  // Its allReduce would wait for a rank that left until the GPU timeout: refused, as the op itself is.
+  if (it->second.needs_all && !c_.whole())
+    throw Error("RANK_FAILED", "replay: the graph holds an allReduce, which needs every rank, and ranks left the group; "
+                               "it replays again once the group is 'ready' (group.replaceRank)", rank(), "replay");
   translating(rank(), [&] {
     if (epoch_value_ != seq) {  // other ops ran since the last replay: the epoch starts at the rank's seq
       RF_CU(cuMemsetD32Async, epoch_, unsigned(seq & 0xffffffffu), 1, stream_);

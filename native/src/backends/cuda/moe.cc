@@ -115,6 +115,9 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
     a.host_counts = in.cpu_sync ? reinterpret_cast<uint64_t*>(counts_dev_) : nullptr;
     st->mirrored = in.cpu_sync;
     a.fingerprint = l.fingerprint;
+    // Elastic: the slots dropped for a dead rank's expert are counted by the kernel; the CPU learns
+    // them with the counts (dispatch_counts), and without a CPU sync does not (-1) unless none can be.
+    l.masked_slots = c_.whole() ? 0 : -1;
     if (notify_scratch_.bytes > 0) {
       a.scratch = reinterpret_cast<uint8_t*>(st->weights + CUdeviceptr(topk_bytes_));
       a.scratch_blocks = notify_scratch_.blocks;
@@ -154,16 +157,18 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
   const int64_t epr = c_.experts_per_rank();
   const uint64_t* words = counts_host_;
   auto seq_of = [&](int64_t pair) { return __atomic_load_n(words + 2 * pair, __ATOMIC_ACQUIRE); };
-  // Rank counts are written last: once they are all there, so are the expert counts.
+  // Rank counts are written last: once they are all there, so are the expert counts. Elastic: only
+  // the live ranks' (the notify kernel writes a dead rank's as 0, but nothing here waits for it).
+  const uint64_t live = c_.live_mask;
   auto arrived = [&] {
     for (int p = 0; p < W; ++p)
-      if (seq_of(p) != l.seq) return false;
+      if (rank_live(live, p) && seq_of(p) != l.seq) return false;
     return true;
   };
   if (!block && !spin_for(c_.rules.spin_ns, arrived)) return false;
   if (!arrived()) {
     const Driver& d = driver();
-    bool aborted = false, finished = false, released = false;
+    bool aborted = false, finished = false, released = false, left = false;
     uint32_t polls = 0;
     WaitRules r = c_.rules;
     r.abort = nullptr;  // passed on to the kernels below
@@ -176,6 +181,10 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
         }
         if (!released && released_now()) {
           released = true;
+          mirror_abort();
+        }
+        if (!left && c_.abort.left_rank() >= 0) {  // elastic: a peer left; the op ends (wait_stream says so)
+          left = true;
           mirror_abort();
         }
         if ((++polls & 63) == 0) {  // the notify kernel finished without the counts: it gave up
@@ -193,9 +202,9 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
       uint64_t last = 0;
       bool found = false;
       for (int p = 0; p < W && !found; ++p)
-        if ((last = seq_of(p)) != l.seq) peer = p, found = true;
+        if (rank_live(live, p) && (last = seq_of(p)) != l.seq) peer = p, found = true;
       for (int64_t i = 0; i < int64_t(W) * epr && !found; ++i)
-        if ((last = seq_of(W + i)) != l.seq) peer = int(i / epr), counter = "expert_count[" + std::to_string(i % epr) + "]", found = true;
+        if (rank_live(live, int(i / epr)) && (last = seq_of(W + i)) != l.seq) peer = int(i / epr), counter = "expert_count[" + std::to_string(i % epr) + "]", found = true;
       // The notify kernel may still wait for the peer: let it go, and the rank's protocol state is gone.
       mark_dead("a dispatch's CPU-sync wait timed out while its notify kernel still waited");
       c_.abort.stop();
@@ -206,7 +215,7 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
                       std::to_string(peer) + "] (last value " + hex_text(last) + ")",
                   peer, phase_name(kPhaseNotify));
     }
-    if (aborted || finished || released) {
+    if (aborted || finished || released || left) {
       wait_stream(WaitSite{kPhaseNotify, -1, "rank_count"});  // throws: the abort, the release, or the notify's timeout
       if (!arrived()) {
         if (abort_raised()) throw abort_error(c_.rules, WaitSite{kPhaseNotify, -1, "rank_count"});
@@ -223,9 +232,12 @@ bool CudaBackend::dispatch_counts(DispatchLayout& l, bool block) {
   k->per_rank.assign(size_t(W), 0);
   k->per_expert.assign(size_t(epr), 0);
   for (int p = 0; p < W; ++p) {
+    if (!rank_live(live, p)) continue;
     k->per_rank[size_t(p)] = int64_t(words[2 * p + 1]);
     for (int64_t e = 0; e < epr; ++e) k->per_expert[size_t(e)] += int64_t(words[2 * (W + p * epr + e) + 1]);
   }
+  // The notify counted the slots it dropped for a dead rank's expert (kargs::host_counts_words).
+  l.masked_slots = int64_t(words[2 * (W + W * epr) + 1]);
   l.set_counts(std::move(k));
   return true;
 }

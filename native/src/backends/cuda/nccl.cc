@@ -114,6 +114,8 @@ void load(Loaded& out) {
     lookup(handle, t.ncclGroupEnd, "ncclGroupEnd", missing);
     lookup(handle, t.ncclGetErrorString, "ncclGetErrorString", missing);
     lookup(handle, t.ncclGetLastError, "ncclGetLastError", missing);
+    t.comm_shrink = dlsym(handle, "ncclCommShrink") != nullptr;  // optional: reported by doctor only
+    t.comm_grow = dlsym(handle, "ncclCommGrow") != nullptr;
     if (!missing.empty()) {
       seen += "\n  " + t.library + " (" + c.origin + "): NCCL " + nccl_version_string(t.version) +
               " lacks " + missing;

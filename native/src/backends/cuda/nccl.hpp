@@ -62,6 +62,9 @@ struct Nccl {
   std::string library;  // the file that was loaded
   std::string origin;   // why there: "NCCL_HOME", "system", "python package"
   int version = 0;      // ncclGetVersion: 22809 for 2.28.9
+  // Elastic communicators (issue 35), looked up but never needed: whether this NCCL exports
+  // ncclCommShrink / ncclCommGrow (dlsym). Ranks of one process sharing a GPU have no communicator.
+  bool comm_shrink = false, comm_grow = false;
 };
 
 // NCCL, loaded once per process (thread-safe). Candidates in order: $NCCL_HOME/lib/libnccl.so.2, the

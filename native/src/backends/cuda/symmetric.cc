@@ -182,7 +182,7 @@ void SymmetricMemory::map_fd(CUdeviceptr at, int64_t bytes, int fd, bool host_se
 }
 
 void SymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, bool adopt_fds, int share_first,
-                                   int share_count) {
+                                   int share_count, uint64_t live) {
   // Adopted fds are closed whatever happens below: they are ours from the moment we are called.
   struct Closer {
     const std::vector<ExportedSegments>& peers;
@@ -209,7 +209,7 @@ void SymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, b
                       ") must hold rank " + std::to_string(rank_) + " and lie in the world.");
   const int node = rank_ / scaleup_ranks_;
   for (int p = 0; p < world_; ++p) {
-    if (p == rank_ || p < share_first || p >= share_end) continue;
+    if (p == rank_ || p < share_first || p >= share_end || !rank_live(live, p)) continue;
     const std::string of = " of rank " + std::to_string(p);
     map_fd(peer_base(p), device_bytes_, peers[p].device_fd, false, ("peer device segment" + of).c_str());
     // A hybrid rank reaches its scale-up peers' host segments through its own window; everything
@@ -221,12 +221,34 @@ void SymmetricMemory::import_peers(const std::vector<ExportedSegments>& peers, b
   if (kind_ == MemoryKind::Hybrid) {
     for (int i = 0; i < scaleup_ranks_; ++i) {
       const int p = node * scaleup_ranks_ + i;
+      if (!rank_live(live, p)) continue;
       const int fd = p == rank_ ? host_fd_ : peers[p].host_fd;
       map_fd(window() + device_bytes_ + int64_t(i) * host_bytes_, host_bytes_, fd, true,
              ("scale-up host segment of rank " + std::to_string(p)).c_str());
     }
   }
   imported_ = true;
+}
+
+void SymmetricMemory::import_peer(int peer, const ExportedSegments& seg) {
+  RF_CUDA_REQUIRE(imported_, "import_peer before the peers were imported");
+  RF_CUDA_REQUIRE(peer >= 0 && peer < world_ && peer != rank_, "import_peer: rank " + std::to_string(peer) + " is not a peer");
+  const std::string of = " of rank " + std::to_string(peer) + "'s replacement";
+  unmap(peer_base(peer));
+  map_fd(peer_base(peer), device_bytes_, seg.device_fd, false, ("device segment" + of).c_str());
+  if (host_bytes_ == 0) return;
+  const CUdeviceptr host = host_segment(peer);
+  unmap(host);
+  map_fd(host, host_bytes_, seg.host_fd, true, ("host segment" + of).c_str());
+}
+
+void SymmetricMemory::unmap(CUdeviceptr at) {
+  for (auto it = mapped_.begin(); it != mapped_.end(); ++it) {
+    if (it->first != at) continue;
+    RF_CU_FOR("rank " + std::to_string(rank_) + " unmap a left rank's segment", cuMemUnmap, at, size_t(it->second));
+    mapped_.erase(it);
+    return;
+  }
 }
 
 CUdeviceptr SymmetricMemory::host_segment(int peer) const {

@@ -49,8 +49,13 @@ class SymmetricMemory {
   // SCM_RIGHTS belong to the importer). Where the world's nodes share no memory, only the ranks
   // [share_first, share_first + share_count) of this rank's node are mapped; the other windows stay
   // reserved but unmapped (their entries are ignored). Call on the rank's thread, its context current.
+  // Ranks outside `live` (elastic: they left; their fds are gone) stay unmapped until import_peer.
   void import_peers(const std::vector<ExportedSegments>& peers, bool adopt_fds = false, int share_first = 0,
-                    int share_count = -1);
+                    int share_count = -1, uint64_t live = ~uint64_t(0));
+  // Elastic: maps the segments of `peer`'s replacement (fds borrowed) over the old rank's ranges, at
+  // the same addresses (peer tables and captured graphs keep them); the old mappings are unmapped
+  // first (the physical memory goes once nothing maps it). Only while no kernel of this rank runs.
+  void import_peer(int peer, const ExportedSegments& seg);
   // Closes the exported fds early, once every peer imported them (mappings keep the memory alive).
   void close_exported() noexcept;
   // Unmaps everything, frees the reservation and closes the fds this rank owns. Idempotent, noexcept:
@@ -84,6 +89,7 @@ class SymmetricMemory {
   void map(CUdeviceptr at, int64_t bytes, CUmemGenericAllocationHandle h, bool host_segment,
            const char* what);
   void map_fd(CUdeviceptr at, int64_t bytes, int fd, bool host_segment, const char* what);
+  void unmap(CUdeviceptr at);  // the mapping made at `at`, if any
 
   int rank_ = 0, world_ = 0, scaleup_ranks_ = 1, device_ordinal_ = -1, numa_id_ = 0;
   MemoryKind kind_ = MemoryKind::GpuOnly;

@@ -37,7 +37,9 @@ void CudaBackend::recover() {
   try {
     wait_stream(WaitSite{kPhaseNone, -1, "stream"});
   } catch (const Error& e) {
-    if (e.code != "ABORTED") throw;  // a fault or a timeout: the rank is dead (check_alive says so from now on)
+    // A fault or a timeout: the rank is dead (check_alive says so from now on). A release, or (elastic)
+    // a peer that left again meanwhile: the stream drained, which is all this needed.
+    if (e.code != "ABORTED" && !(e.code == "RANK_FAILED" && !dead_ && c_.abort.left_rank() >= 0)) throw;
   }
   translating(rank(), [&] {
     RF_CU(cuMemsetD8Async, arrivals_, 0, 64, stream_);
@@ -50,6 +52,7 @@ void CudaBackend::recover() {
   k->bad_seq = 0;
   using W = AbortWords;
   k->abort_mirror[W::kReleaseOrigin] = 0;
+  k->abort_mirror[W::kLeftRank] = 0;  // elastic: the group re-formed (the main thread cleared the word)
   *reinterpret_cast<volatile uint64_t*>(k->abort_mirror + W::kReleasedAbove) = 0;
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
@@ -63,6 +66,7 @@ void CudaBackend::mirror_abort() {
   m[W::kFailedRank] = __atomic_load_n(w + W::kFailedRank, __ATOMIC_ACQUIRE);
   m[W::kStopping] = c_.abort.stopping() ? 1 : 0;
   m[W::kReleaseOrigin] = __atomic_load_n(w + W::kReleaseOrigin, __ATOMIC_ACQUIRE);
+  m[W::kLeftRank] = __atomic_load_n(w + W::kLeftRank, __ATOMIC_ACQUIRE);
   *reinterpret_cast<volatile uint64_t*>(m + W::kReleasedAbove) = c_.abort.released_above();
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
@@ -76,7 +80,10 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
   // A run's release of the op is passed on the same way; the kernels of a released op give up, and
   // the op fails with ABORTED once the stream drained, the rank alive (ops/recover.cc puts it back in
   // step) except in two levels, whose NCCL kernels must be stopped by aborting their communicator.
-  bool aborted = false, released = false;
+  // A peer that left an elastic group (the left word) is passed on the same way: the kernels give up,
+  // and once the stream drained the op fails with RANK_FAILED naming it, the rank alive (the group
+  // re-forms without the peer: ops/membership.cc remask).
+  bool aborted = false, released = false, left = false;
   WaitRules r = c_.rules;
   r.abort = nullptr;
   r.gpu_timeout_s = c_.cfg.gpu_timeout_s + 5;
@@ -87,6 +94,10 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
         aborted = true;
         mirror_abort();
         abort_rails();
+      }
+      if (!left && !aborted && c_.abort.left_rank() >= 0) {
+        left = true;
+        mirror_abort();
       }
       if (!released && !aborted && released_now()) {
         released = true;
@@ -109,6 +120,7 @@ void CudaBackend::wait_device(const WaitSite& site, Ready ready) {
     WaitRules a = c_.rules;
     throw abort_error(a, site);
   }
+  if (left || c_.abort.left_rank() >= 0) throw left_error(c_.abort, rank(), phase_name(site.phase));
   if (released_now()) throw release_error(c_.abort, rank(), c_.seq, phase_name(site.phase));
   check_control(site);
 }

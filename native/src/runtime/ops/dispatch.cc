@@ -56,8 +56,10 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
                  "topkIdx[" + std::to_string(i) + "]: " + std::to_string(idx[i]) + " is outside [0, " +
                      std::to_string(ep.num_experts) + ") and not -1");
     }
-    RF_CHECK(!c.capturing(), "EINVAL",
-             "a dispatch without a handle cannot be captured in a graph (its counts need a CPU sync or a notify)");
+    // Without a CPU sync its notify is device work the graph replays: every replay routes anew (an
+    // elastic group's replay after a membership change routes among the ranks then serving).
+    RF_CHECK(!(c.capturing() && in.cpu_sync), "EINVAL",
+             "a dispatch without a handle is captured in a graph only with outputsInBuffer (its counts would need a CPU sync)");
   }
   auto l = c.add_layout();
   l->seq = c.next_seq();
