@@ -166,22 +166,28 @@ export class Membership {
   /** The replacement registers (its barrier) while the survivors map it and rejoin (theirs, the same op); a side that fails ends the join. */
   private async join(local: number, locals: number[], m: Told): Promise<void> {
     const rank = this.ranks.handles[local]!.rank;
-    const exported = await Promise.all(this.ranks.members.map((_, r) =>
-      r === local || this.live[r] ? this.ranks.call(r, (api) => api.exported()) : Promise.resolve(null)));
-    // A rank that is out has no window to map (its old fds are closed): it stays unmapped.
-    const peers = exported.map((e: ExportedSegments | null) => (e ? { deviceFd: e.deviceFd, hostFd: e.hostFd } : NO_SEGMENTS));
     let why: RankflowError | undefined;
-    const abandon = (e: unknown): never => {
+    const end = (e: unknown): void => {
       why ??= RankflowError.from(e);
       for (const r of locals) this.ranks.members[r]!.abortWords?.left(rank, `rank ${rank}'s replacement did not join: ${why.message}`);
       this.ranks.members[local]!.abortWords?.stop();
+    };
+    const abandon = (e: unknown): never => {
+      end(e);
       throw e;
     };
-    const parts = [
-      this.ranks.call(local, (api) => api.register(peers)),
-      ...locals.map((r) => this.ranks.call(r, (api) => api.rejoin(rank, peers[local]!, m))),
-    ].map((p) => p.catch(abandon));
-    await Promise.allSettled(parts);
+    // The windows to map (a survivor that died meanwhile ends the join here too). A rank that is out
+    // has no window to map (its old fds are closed): it stays unmapped.
+    const exported = await Promise.all(this.ranks.members.map((_, r) =>
+      r === local || this.live[r] ? this.ranks.call(r, (api) => api.exported()) : Promise.resolve(null))).catch((e: unknown) => (end(e), []));
+    if (!why) {
+      const peers = exported.map((e: ExportedSegments | null) => (e ? { deviceFd: e.deviceFd, hostFd: e.hostFd } : NO_SEGMENTS));
+      const parts = [
+        this.ranks.call(local, (api) => api.register(peers)),
+        ...locals.map((r) => this.ranks.call(r, (api) => api.rejoin(rank, peers[local]!, m))),
+      ].map((p) => p.catch(abandon));
+      await Promise.allSettled(parts);
+    }
     if (!why) return;
     // The group goes on without the replacement: it is ended, the survivors re-form (settle).
     if (!this.ranks.handles[local]!.exited) await this.ranks.terminate(local).catch(() => {});
