@@ -1,9 +1,11 @@
 // An elastic group's membership, as the main thread keeps it (createGroup({ elastic: true }): backend
-// 'host', the ranks of one process). A rank that fails leaves: its peers' ops in flight end at once
+// 'host', the ranks of one process or of a world on one host). A rank that fails leaves: its peers' ops in flight end at once
 // with RANK_FAILED (the left word of their abort words, read by every wait and at every op's start),
 // the group is 'degraded' and says so (rankLeft), and before the next op every survivor is put back
 // in step (the group's sequence number, as after a run's release) and writes the new live mask into
 // its workspace (ops/membership.cc), which its ops read: they leave the ranks outside it out.
+// In a world the ranks of another process leave when it is lost or announces their failure, and the
+// survivor processes agree on the numbers and the mask through the survivors' exchange (agree()).
 // replaceRank(r) starts a fresh worker and context for r at the group's numbers; the survivors map
 // its window over the old one and a barrier with it ends the join: the group is 'ready' again.
 import type { EventEmitter } from 'eventemitter3';
@@ -15,6 +17,8 @@ import type { FailureInfo } from '../machines/index.js';
 import type { Membership as Told, RankInit } from '../workers/protocol.js';
 import type { Ranks } from './ranks.js';
 import type { GroupEvents } from './group.js';
+import type { PeerLost, Rendezvous } from './world/rendezvous.js';
+import { agreeOnMembership } from './elastic-world.js';
 
 /** group.on('rankLeft'): rank `rank` left the group at `at` (ms since the epoch), `cause` its failure. */
 export interface RankLeft { rank: number; cause: RankflowError; at: number }
@@ -27,7 +31,15 @@ const NO_SEGMENTS = { deviceFd: -1, hostFd: -1 };
 const EXIT_MS = 1000;
 
 export class Membership {
+  /** index = global rank: the whole world's ranks, those of other processes too */
   private readonly live: boolean[];
+  private readonly offset: number;
+  /** a world's: the survivors' exchange goes through it */
+  private rv?: Rendezvous;
+  /** a world's: the mask the survivors last agreed on and wrote; they re-form until it is every process's */
+  private agreed: bigint;
+  /** a world whose leader process was lost cannot re-form: the group failed (API.md) */
+  broken?: RankflowError;
   /** membership changes so far (a handle of another membership is refused: ops/dispatch.cc) */
   private epoch = 0;
   /** a rank left since the survivors were last put in step: they are, before the next op */
@@ -42,58 +54,90 @@ export class Membership {
     private readonly queue: <T>(body: () => Promise<T>) => Promise<T>,
     /** the survivors' sessions were closed (ops/recover.cc): the group forgets its open one */
     private readonly sessionsClosed: () => void,
+    worldSize = ranks.handles.length,
   ) {
-    this.live = ranks.handles.map(() => true);
+    this.live = Array.from({ length: worldSize }, () => true);
+    this.offset = ranks.handles[0]!.rank;
+    this.agreed = maskOf(this.live);
     ranks.elastic = this;
   }
 
   /** Whether local rank `local` serves (it has not left, or its replacement has joined). */
   serves(local: number): boolean {
-    return this.live[local] === true;
+    return this.live[this.offset + local] === true;
   }
   get degraded(): boolean {
     return this.live.includes(false);
   }
-  /** The global ids of the ranks serving, ascending. */
+  /** The global ids of the ranks serving, ascending (of every process of a world). */
   get liveRanks(): number[] {
-    return this.ranks.handles.filter((_, r) => this.live[r]).map((h) => h.rank);
+    return this.live.flatMap((l, g) => (l ? [g] : []));
   }
   private locals(): number[] {
-    return this.live.flatMap((l, r) => (l ? [r] : []));
+    return this.ranks.handles.flatMap((_, r) => (this.live[this.offset + r] ? [r] : []));
   }
   private told(live: boolean[], epoch: number, sessions: number): Told {
-    const ids = this.ranks.handles.filter((_, r) => live[r]).map((h) => h.rank);
-    return { mask: ids.reduce((m, r) => m | (1n << BigInt(r)), 0n), epoch, live: ids, sessions };
+    const ids = live.flatMap((l, g) => (l ? [g] : []));
+    return { mask: maskOf(live), epoch, live: ids, sessions };
+  }
+
+  /** A world (group.ts watchWorld): its lost processes' ranks leave, and so do the ranks another process says failed. */
+  watch(rv: Rendezvous): void {
+    this.rv = rv;
+    rv.onPeerLost((lost: PeerLost) => {
+      const error = (g: number) => new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
+      if (lost.rankOffset === 0) return this.fail(lost, error);
+      for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) this.gone(g, error(g));
+    });
+    rv.onRankFailed((f) => this.gone(f.rank, new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase })));
+  }
+
+  /** The leader process (rank 0's, which relays the survivors' exchange) was lost: the world cannot re-form; every rank fails, as without elastic. */
+  private fail(lost: PeerLost, error: (g: number) => RankflowError): void {
+    this.broken ??= new RankflowError('RANK_FAILED', `the world's leader process (ranks [0, ${lost.localRanks}), which holds the rendezvous) was lost ` +
+      `(${lost.reason}): an elastic world does not outlive its leader; create the group again`, { rank: 0 });
+    for (let g = 0; g < lost.localRanks; g++) this.ranks.failedElsewhere(g, error(g), true);
   }
 
   /** Local rank `local` failed (Ranks.markFailed): it leaves; its peers' ops end with RANK_FAILED, and the group goes on without it. */
   leave(local: number, error: RankflowError): void {
-    if (!this.live[local]) return;
-    this.live[local] = false;
-    this.epoch++;
-    this.exits.push(this.ranks.members[local]!.gone.catch(() => {}));
-    this.pending = true;
     const h = this.ranks.handles[local]!;
-    const message = `rank ${h.rank} left the group: ${error.message}`;
-    const info: FailureInfo = { code: 'RANK_FAILED', message, rank: h.rank, ...(error.phase !== undefined ? { phase: error.phase } : {}) };
+    if (!this.live[h.rank] || this.broken) return;
+    this.exits.push(this.ranks.members[local]!.gone.catch(() => {}));
+    // The other processes of a world mask it too (they leave it when the announcement arrives).
+    this.rv?.announceFailure({ rank: h.rank, message: error.message, ...(error.phase !== undefined ? { phase: error.phase } : {}) });
+    this.gone(h.rank, error, false);
+    // A rank that failed alive (a wait that timed out) goes: nothing of it may write into its peers' windows.
+    if (!h.exited) void this.ranks.terminate(local).catch(() => {});
+    void this.queue(() => this.settle()).catch(() => {});
+  }
+
+  /** Global rank `g` left: the ops in flight of this process's ranks end (RANK_FAILED), rankLeft; then (`settle`) the survivors re-form. */
+  private gone(g: number, error: RankflowError, settle = true): void {
+    if (!this.live[g] || this.broken) return;
+    this.live[g] = false;
+    this.epoch++;
+    this.pending = true;
+    const message = `rank ${g} left the group: ${error.message}`;
+    const info: FailureInfo = { code: 'RANK_FAILED', message, rank: g, ...(error.phase !== undefined ? { phase: error.phase } : {}) };
     this.ranks.members.forEach((m, r) => {
-      if (r === local || this.ranks.handles[r]!.exited) return;
-      m.abortWords?.left(h.rank, message);  // read natively: a wait in progress ends now
+      if (this.offset + r === g || this.ranks.handles[r]!.exited) return;
+      m.abortWords?.left(g, message);  // read natively: a wait in progress ends now
       try {
         void m.api.peerLeft(info).catch(() => {});
       } catch {
         // its proxy is released (the group is being destroyed): the left word said it all
       }
     });
-    this.events.emit('rankLeft', { rank: h.rank, cause: error, at: now() });
-    // A rank that failed alive (a wait that timed out) goes: nothing of it may write into its peers' windows.
-    if (!h.exited) void this.ranks.terminate(local).catch(() => {});
-    void this.queue(() => this.settle()).catch(() => {});
+    this.events.emit('rankLeft', { rank: g, cause: error, at: now() });
+    if (settle) void this.queue(() => this.settle()).catch(() => {});
   }
 
   /** Before an op: once after every change, the survivors in step at the group's numbers, with the new live mask. */
   async settle(): Promise<void> {
-    while (this.pending) {
+    // A world re-forms until every survivor process wrote the mask it knows (each round is one survivors' exchange).
+    while (this.rv ? maskOf(this.live) !== this.agreed : this.pending) {
+      if (this.broken) throw this.broken;
       this.pending = false;
       // A worker ends once its native call returned (its stop word ends any wait at once); one that does not
       // within EXIT_MS is stuck outside every wait, and writes nothing more either.
@@ -103,10 +147,18 @@ export class Membership {
       const at = await Promise.allSettled(locals.map((r) => this.ranks.call(r, (api) => api.position())));
       if (at.some((p) => p.status === 'rejected')) continue;  // a survivor died meanwhile: it left (pending again)
       const positions = at.map((p) => (p as PromiseFulfilledResult<{ seq: number; sessions: number }>).value);
-      const seq = Math.max(...positions.map((p) => p.seq)), sessions = Math.max(...positions.map((p) => p.sessions));
+      let seq = Math.max(0, ...positions.map((p) => p.seq)), sessions = Math.max(0, ...positions.map((p) => p.sessions)), epoch = this.epoch;
+      if (this.rv) {
+        const agreed = await agreeOnMembership(this.rv, { live: this.live, seq, sessions, epoch }, (g, e) => this.gone(g, e, false))
+          .catch((e: unknown) => this.broke(RankflowError.from(e)));
+        if (agreed === null) continue;  // the processes knew different masks: now each knows them all, once more
+        ({ seq, sessions, epoch } = agreed);
+        this.epoch = epoch;
+      }
       for (const r of locals) this.ranks.members[r]!.abortWords?.clearLeft();
-      const m = this.told(this.live, this.epoch, sessions);
+      const m = this.told(this.live, epoch, sessions);
       const done = await Promise.allSettled(locals.map((r) => this.ranks.call(r, (api) => api.remask(seq, m))));
+      this.agreed = m.mask;
       this.sessionsClosed();
       // A survivor that cannot go on has failed: it leaves too, and the loop goes round again.
       done.forEach((d, i) => {
@@ -115,9 +167,17 @@ export class Membership {
     }
   }
 
+  /** The survivors' exchange failed (a survivor process said nothing in time): the group cannot re-form. */
+  private broke(e: RankflowError): never {
+    this.broken ??= new RankflowError(e.code, `the survivor processes could not re-form: ${e.message}`, { ...(e.rank !== undefined ? { rank: e.rank } : {}), cause: e });
+    throw this.broken;
+  }
+
   /** group.replaceRank(rank): a fresh worker and context for a rank that left; resolves once it serves. */
   replace(rank: number): Promise<void> {
-    const local = rank - this.ranks.handles[0]!.rank;
+    const local = rank - this.offset;
+    if (this.rv) return Promise.reject(invalid('rank', `${rank}: replaceRank is for the ranks of one process; in a world a process started with ` +
+      'world.rejoin takes a range back, which is not implemented yet (docs/api.md, "Elastic groups")'));
     try {
       checkIntIn('rank', local, 0, this.live.length - 1);
     } catch (e) {
@@ -125,13 +185,13 @@ export class Membership {
     }
     return this.queue(async () => {
       await this.settle();
-      if (this.live[local]) throw invalid('rank', `${rank} serves: replaceRank takes a rank that left the group (liveRanks: [${this.liveRanks.join(', ')}])`);
+      if (this.live[rank]) throw invalid('rank', `${rank} serves: replaceRank takes a rank that left the group (liveRanks: [${this.liveRanks.join(', ')}])`);
       const locals = this.locals();
       if (locals.length === 0) throw new RankflowError('STATE', `replaceRank(${rank}): no rank serves, so there is no group to join`);
       if (!this.ranks.handles[local]!.exited) await this.ranks.terminate(local);
       const at = await Promise.all(locals.map((r) => this.ranks.call(r, (api) => api.position())));
       const seq = Math.max(...at.map((p) => p.seq)), sessions = Math.max(...at.map((p) => p.sessions));
-      const live = this.live.map((l, r) => l || r === local);
+      const live = this.live.map((l, g) => l || g === rank);
       const m = this.told(live, this.epoch + 1, sessions);
       // Counted now: a survivor that rejoined and then re-forms without a failed replacement takes a later one.
       this.epoch = m.epoch;
@@ -142,7 +202,8 @@ export class Membership {
       };
       this.ranks.respawn(local, init);
       await this.join(local, locals, m);
-      this.live[local] = true;
+      this.live[rank] = true;
+      this.agreed = m.mask;
       this.events.emit('rankJoined', { rank, at: now() });
     });
   }
@@ -151,7 +212,7 @@ export class Membership {
   private async join(local: number, locals: number[], m: Told): Promise<void> {
     const rank = this.ranks.handles[local]!.rank;
     const exported = await Promise.all(this.ranks.members.map((_, r) =>
-      r === local || this.live[r] ? this.ranks.call(r, (api) => api.exported()) : Promise.resolve(null)));
+      r === local || this.live[this.offset + r] ? this.ranks.call(r, (api) => api.exported()) : Promise.resolve(null)));
     // A rank that is out has no window to map (its old fds are closed): it stays unmapped.
     const peers = exported.map((e: ExportedSegments | null) => (e ? { deviceFd: e.deviceFd, hostFd: e.hostFd } : NO_SEGMENTS));
     let why: RankflowError | undefined;
@@ -174,4 +235,9 @@ export class Membership {
     await this.settle();
     throw new RankflowError(why.code, `replaceRank(${rank}): ${why.message}`, { rank, cause: why });
   }
+}
+
+/** The live mask of `live` (index = global rank): bit g set, rank g serves. */
+function maskOf(live: boolean[]): bigint {
+  return live.reduce((m, l, g) => (l ? m | (1n << BigInt(g)) : m), 0n);
 }

@@ -87,13 +87,13 @@ export class Group extends EventEmitter<GroupEvents> {
     this.rankOffset = world?.rankOffset ?? 0;
     this.ranks = Array.from({ length: size }, (_, r) => new RankHandle(this.rankOffset + r, this));
     this.workers = new Ranks(this.ranks, this.rankOffset, this, (f) => this.rv?.announceFailure(f));
-    if (opts.elastic === true) this.membership = new Membership(this.workers, this, (body) => this.collective([], body, false), () => { this.sessionOpen = false; });
+    if (opts.elastic === true) this.membership = new Membership(this.workers, this, (body) => this.collective([], body, false), () => { this.sessionOpen = false; }, this.worldSize);
   }
   private readonly membership?: Membership;  // elastic groups (actors/elastic.ts): who serves, leaving, replacing
   /** 'degraded' while ranks of an elastic group are out; 'failed' once a rank of another group failed; else 'ready'. */
   get state(): 'ready' | 'degraded' | 'failed' | 'destroyed' {
     if (this.destroying) return 'destroyed';
-    return this.membership ? (this.membership.degraded ? 'degraded' : 'ready') : this.ranks.some((h) => h.error) ? 'failed' : 'ready';
+    return this.membership ? (this.membership.broken ? 'failed' : this.membership.degraded ? 'degraded' : 'ready') : this.ranks.some((h) => h.error) ? 'failed' : 'ready';
   }
   /** The global ids of the ranks serving now, ascending: all of them, but those that left an elastic group. */
   get liveRanks(): number[] {
@@ -151,6 +151,7 @@ export class Group extends EventEmitter<GroupEvents> {
   /** The world's connections report lost processes and the failures of other processes' ranks. */
   private watchWorld(rv: Rendezvous): void {
     this.rv = rv;
+    if (this.membership) return this.membership.watch(rv);  // elastic: the ranks of other processes leave
     rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++)
         this.workers.failedElsewhere(g, new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g }), true);

@@ -144,13 +144,12 @@ function checkTimeout(name: string, v: unknown): number {
   return v;
 }
 
-/** `elastic`: a boolean; true only where it is implemented (backend 'host', the ranks of one process). */
+/** `elastic`: a boolean; true only where it is implemented (backend 'host', one process or a world on one node). */
 function checkElastic(v: unknown, backend: Backend, world: boolean, nodes: boolean): boolean {
   if (v === undefined || v === false) return false;
   if (v !== true) throw invalid('elastic', `must be a boolean (got ${String(v)})`);
   if (backend !== 'host')
     throw invalid('elastic', `is supported on backend 'host' only (this group resolved to backend '${backend}'): pass backend: 'host', or leave elastic off`);
-  if (world) throw invalid('elastic', "is supported for the ranks of one process only (no world: rejoin across processes is not implemented yet)");
   if (nodes) throw invalid('elastic', 'is supported within one node only (ranksPerNode below the world size: the scale-out legs do not mask ranks yet)');
   return true;
 }

@@ -57,6 +57,10 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
   if (met) g.watchWorld(met.rv);
   const ranksPerNode = met?.nodes.ranksPerNode ?? t.ranksPerNode;
   const scaleOut = (met?.nodes.count ?? 1) > 1;
+  if (scaleOut && t.elastic) {
+    await met!.rv.close();
+    throw new RankflowError('EINVAL', 'elastic: is supported within one node only (this world spans nodes by world.nodeId: the scale-out legs do not mask ranks yet)');
+  }
   // Ranks of this process that share a GPU split its SMs between them, and make no world
   // communicator: NCCL refuses two ranks of one communicator on one GPU. Across nodes each rank makes
   // its rail's, which holds no other rank of its node, so ranks sharing a GPU make theirs too.

@@ -28,16 +28,20 @@ export interface WorldOptions {
   token?: string;
   /** which node this process is on (default: this host's id, host-id.ts) */
   nodeId?: string;
+  /** an elastic world's process that takes a range that left back (API.md): refused, not implemented yet */
+  rejoin?: boolean;
 }
 
 /** Every key of createGroup's `world`. */
-export const WORLD_KEYS = keysOf<WorldOptions>()(['size', 'rankOffset', 'rendezvous', 'token', 'nodeId']);
+export const WORLD_KEYS = keysOf<WorldOptions>()(['size', 'rankOffset', 'rendezvous', 'token', 'nodeId', 'rejoin']);
 
 /** The world options checked, with the token and nodeId defaults filled in. */
 export function checkWorld(w: unknown, localRanks: number): WorldOptions {
   if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous, token?, nodeId? }');
   checkKnownKeys('world', w, WORLD_KEYS);
-  const { size, rankOffset, rendezvous: url, token: given, nodeId: named } = w as WorldOptions;
+  const { size, rankOffset, rendezvous: url, token: given, nodeId: named, rejoin } = w as WorldOptions;
+  if (rejoin !== undefined && rejoin !== false)
+    throw invalid('world.rejoin', `is not implemented yet (got ${String(rejoin)}): a range that left an elastic world stays out; docs/api.md "Elastic groups" says what works`);
   if (!Number.isInteger(size) || size < 1 || size > 64) throw invalid('world.size', `must be an integer in [1, 64] (got ${String(size)})`);
   if (!Number.isInteger(rankOffset) || rankOffset < 0 || rankOffset + localRanks > size)
     throw invalid('world.rankOffset', `(${String(rankOffset)}) + ranks (${localRanks}) must fit in world.size (${size})`);

@@ -54,6 +54,8 @@ export type Message =
   | { t: 'lost'; index: number; reason: string }
   | { t: 'failed'; from: number; failure: RankFailure }
   | { t: 'released'; from: number; release: RunRelease }
+  | { t: 'lx'; seq: number; value: unknown }
+  | { t: 'lxall'; seq: number; values: unknown[] }
   | { t: 'bye' };
 
 /** What a Channel delivers: a JSON object with a string `t`, and nothing else known yet. */

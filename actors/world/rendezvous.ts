@@ -114,6 +114,11 @@ export interface Rendezvous {
    */
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
   /**
+   * The survivors' all-gather of an elastic world (live-exchange.ts): among the processes not lost,
+   * whose entries are null; fails only when the leader is lost, on close, or on its timeout.
+   */
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
+  /**
    * Called once per process that disappears without `close()` (crash, kill, network, or a
    * message that breaks the protocol). Losses that happened before registration are replayed.
    * Returns an unsubscribe function.

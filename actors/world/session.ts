@@ -5,6 +5,7 @@
 // cut off, and reported lost with what it sent.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
+import { FollowerLive, LeaderLive } from './live-exchange.js';
 import {
   LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, releaseProblem, toFailure, toRelease, toWire, who,
   type Join, type Message,
@@ -45,6 +46,7 @@ abstract class Session implements Rendezvous {
   ) {}
 
   abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
+  abstract exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
   abstract close(): Promise<void>;
   abstract announceFailure(f: RankFailure): void;
   abstract announceRelease(r: RunRelease): void;
@@ -133,6 +135,7 @@ abstract class Session implements Rendezvous {
 export class LeaderSession extends Session {
   private readonly pending = new Map<number, PendingExchange>();
   private readonly goodbyes = new Set<number>();
+  private readonly live: LeaderLive;
 
   readonly leaderAddress: string;
 
@@ -145,6 +148,7 @@ export class LeaderSession extends Session {
   ) {
     super(peers, channels.indexOf(undefined), timeoutMs, where);
     this.leaderAddress = localAddress;
+    this.live = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs);
     channels.forEach((ch, index) => {
       if (ch === undefined) return;
       ch.keepAlive();
@@ -156,6 +160,9 @@ export class LeaderSession extends Session {
             const bytes = jsonBytes(m.value);
             if (bytes > exchangeLimit(this.peers.length)) return ch.drop(`it sent a ${bytes}-byte exchange value`);
             this.contribute(m.seq, index, m.value);
+          } else if (m.t === 'lx') {
+            const problem = this.live.onMessage(index, m);
+            if (problem) return ch.drop(problem);
           } else if (m.t === 'failed') {
             const problem = failureProblem(m.failure, peer);
             if (problem) return ch.drop(`it announced an invalid failure: ${problem}`);
@@ -181,6 +188,7 @@ export class LeaderSession extends Session {
           const why = `${reason}, seen by the leader`;
           for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'lost', index, reason: why });
           this.markLost(index, why);
+          this.live.recheck();  // the survivors' exchanges that waited only for it
         },
       );
     });
@@ -210,6 +218,10 @@ export class LeaderSession extends Session {
       p.settle = { resolve: resolve as (v: unknown[]) => void, reject, timer };
       this.contribute(seq, this.self, wire);
     });
+  }
+
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
   }
 
   announceFailure(failure: RankFailure): void {
@@ -266,6 +278,7 @@ export class LeaderSession extends Session {
   async close(): Promise<void> {
     if (this.closed) return;
     this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
+    this.live.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
     this.closed = true;
     await Promise.all(this.channels.map((ch) => ch?.endAndWait({ t: 'bye' })));
   }
@@ -274,6 +287,7 @@ export class LeaderSession extends Session {
 export class FollowerSession extends Session {
   private readonly pending = new Map<number, NonNullable<PendingExchange['settle']>>();
   private leaderLeft = false;
+  private readonly live: FollowerLive;
   readonly localAddress: string;
   readonly leaderAddress: string;
 
@@ -293,6 +307,7 @@ export class FollowerSession extends Session {
     this.localAddress = channel.socket.localAddress ?? '';
     this.leaderAddress = channel.socket.remoteAddress ?? '';
     channel.keepAlive();
+    this.live = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs);
     const leader = 0;
     channel.listen(
       (m) => {
@@ -302,6 +317,9 @@ export class FollowerSession extends Session {
             return channel.drop(`the leader sent an invalid result for exchange #${quote(m.seq)}`);
           const values = m.values as unknown[];
           this.settle(m.seq, (s) => s.resolve(values));
+        } else if (m.t === 'lxall') {
+          const problem = this.live.onMessage(m);
+          if (problem) return channel.drop(problem);
         } else if (m.t === 'xerr') {
           const problem = isInt(m.seq, 1, this.seq) ? errorProblem(m) : 'no such exchange';
           if (problem) return channel.drop(`the leader sent an invalid error for exchange #${quote(m.seq)}: ${problem}`);
@@ -327,9 +345,11 @@ export class FollowerSession extends Session {
         if (this.closed) return;
         if (this.leaderLeft) {
           this.failPending(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
+          this.live.fail(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
           return;
         }
         this.markLost(leader, `${reason}, seen by ${who(self)}`);
+        this.live.fail(this.lostError(leader));
       },
     );
   }
@@ -365,6 +385,10 @@ export class FollowerSession extends Session {
     });
   }
 
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
+  }
+
   announceFailure(failure: RankFailure): void {
     if (this.closed || this.leaderLeft) return;
     this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
@@ -386,6 +410,7 @@ export class FollowerSession extends Session {
   async close(): Promise<void> {
     if (this.closed) return;
     this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
+    this.live.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
     this.closed = true;
     await this.channel.endAndWait({ t: 'bye' });
   }
