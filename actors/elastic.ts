@@ -86,17 +86,17 @@ export class Membership {
     this.rv = rv;
     rv.onPeerLost((lost: PeerLost) => {
       const error = (g: number) => new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
-      if (lost.rankOffset === 0) return this.fail(lost, error);
+      if (lost.rankOffset === 0) return this.fail(lost);
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) this.gone(g, error(g));
     });
     rv.onRankFailed((f) => this.gone(f.rank, new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase })));
   }
 
   /** The leader process (rank 0's, which relays the survivors' exchange) was lost: the world cannot re-form; every rank fails, as without elastic. */
-  private fail(lost: PeerLost, error: (g: number) => RankflowError): void {
+  private fail(lost: PeerLost): void {
     this.broken ??= new RankflowError('RANK_FAILED', `the world's leader process (ranks [0, ${lost.localRanks}), which holds the rendezvous) was lost ` +
       `(${lost.reason}): an elastic world does not outlive its leader; create the group again`, { rank: 0 });
-    for (let g = 0; g < lost.localRanks; g++) this.ranks.failedElsewhere(g, error(g), true);
+    for (let g = 0; g < lost.localRanks; g++) this.ranks.failedElsewhere(g, this.broken, true);
   }
 
   /** Local rank `local` failed (Ranks.markFailed): it leaves; its peers' ops end with RANK_FAILED, and the group goes on without it. */
@@ -135,6 +135,7 @@ export class Membership {
 
   /** Before an op: once after every change, the survivors in step at the group's numbers, with the new live mask. */
   async settle(): Promise<void> {
+    if (this.broken) throw this.broken;
     // A world re-forms until every survivor process wrote the mask it knows (each round is one survivors' exchange).
     while (this.rv ? maskOf(this.live) !== this.agreed : this.pending) {
       if (this.broken) throw this.broken;
