@@ -110,7 +110,7 @@ export interface Rendezvous {
   /**
    * All-gather: every process calls it with its value, in the same order; resolves with the
    * values of all processes in `peers` order. Values cross as JSON (undefined becomes null), at
-   * most exchangeLimit(peers.length) bytes each (session.ts; ~64 KiB in a world of 64).
+   * most exchangeLimit(peers.length) bytes each (session-base.ts; ~64 KiB in a world of 64).
    */
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
   /**

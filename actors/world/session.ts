@@ -1,136 +1,21 @@
 // A formed world's connections, after the table: `exchange` (an all-gather of small JSON values
 // through the leader), loss detection, failure relay (a star: the leader passes each follower's
 // announcements on), and close. The leader's side and a follower's side implement one abstract
-// Session. Every message is checked before it is acted on; a peer that breaks the protocol is
+// Session (session-base.ts). Every message is checked before it is acted on; a peer that breaks the protocol is
 // cut off, and reported lost with what it sent.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
 import { FollowerLive, LeaderLive } from './live-exchange.js';
 import {
-  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, releaseProblem, toFailure, toRelease, toWire, who,
+  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, releaseProblem, toFailure, toRelease, who,
   type Join, type Message,
 } from './protocol.js';
-import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
+import type { RankFailure, RendezvousPeer, RunRelease } from './rendezvous.js';
+import { Session, exchangeLimit, type PendingExchange } from './session-base.js';
 
 // How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
 // one ahead (it cannot finish #n without the leader's value for #n).
 const MAX_SEQ_AHEAD = 16;
-
-/** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
-export function exchangeLimit(processes: number): number {
-  return Math.floor((LIMITS.lineBytes - (64 << 10)) / processes);
-}
-
-interface PendingExchange {
-  values: unknown[];
-  have: boolean[];
-  settle?: { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout };
-}
-
-abstract class Session implements Rendezvous {
-  abstract readonly localAddress: string;
-  abstract readonly leaderAddress: string;
-  protected seq = 0;
-  protected closed = false;
-  protected readonly lost = new Map<number, PeerLost>();
-  private readonly listeners = new Set<(lost: PeerLost) => void>();
-  private readonly failures: RankFailure[] = [];
-  private readonly failureListeners = new Set<(f: RankFailure) => void>();
-  private readonly releaseListeners = new Set<(r: RunRelease) => void>();
-
-  constructor(
-    readonly peers: readonly RendezvousPeer[],
-    readonly self: number,
-    protected readonly timeoutMs: number,
-    protected readonly where: string,
-  ) {}
-
-  abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
-  abstract exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
-  abstract close(): Promise<void>;
-  abstract announceFailure(f: RankFailure): void;
-  abstract announceRelease(r: RunRelease): void;
-  protected abstract failPending(error: RankflowError): void;
-
-  onRelease(cb: (r: RunRelease) => void): () => void {
-    this.releaseListeners.add(cb);
-    return () => this.releaseListeners.delete(cb);
-  }
-
-  /** A release another process announced (checked): for this process's listeners. */
-  protected released(r: RunRelease): void {
-    if (this.closed) return;
-    for (const cb of this.releaseListeners) cb(r);
-  }
-
-  /** A release of this process, as it crosses: bounded, as the receivers check it. */
-  protected static releaseWire(r: RunRelease): RunRelease {
-    return { run: r.run, rank: r.rank, above: r.above, message: String(r.message).slice(0, LIMITS.textChars) };
-  }
-
-  onRankFailed(cb: (f: RankFailure) => void): () => void {
-    this.failureListeners.add(cb);
-    for (const f of this.failures) queueMicrotask(() => this.failureListeners.has(cb) && cb(f));
-    return () => this.failureListeners.delete(cb);
-  }
-
-  /** A failure another process announced (checked): for this process's listeners. */
-  protected rankFailed(f: RankFailure): void {
-    if (this.closed) return;
-    this.failures.push(f);
-    for (const cb of this.failureListeners) cb(f);
-  }
-
-  onPeerLost(cb: (lost: PeerLost) => void): () => void {
-    this.listeners.add(cb);
-    for (const l of this.lost.values()) queueMicrotask(() => this.listeners.has(cb) && cb(l));
-    return () => this.listeners.delete(cb);
-  }
-
-  protected markLost(index: number, reason: string): void {
-    if (this.closed || this.lost.has(index) || index === this.self) return;
-    const p = this.peers[index];
-    if (p === undefined) return;
-    const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, nodeId: p.nodeId, reason };
-    this.lost.set(index, l);
-    this.failPending(this.lostError(index));
-    for (const cb of this.listeners) cb(l);
-  }
-
-  protected lostError(index: number): RankflowError {
-    const p = this.peers[index]!;
-    const l = this.lost.get(index);
-    return new RankflowError('RANK_FAILED', `${this.where}: ${who(p)} was lost (${l?.reason ?? 'unknown'})`, {
-      rank: p.rankOffset,
-    });
-  }
-
-  /** This process's value for exchange #seq, as it will cross; EINVAL if it cannot. */
-  protected wire(value: unknown, seq: number): unknown {
-    const wire = toWire(value, `exchange #${seq} value`);
-    const bytes = jsonBytes(wire);
-    const limit = exchangeLimit(this.peers.length);
-    if (bytes > limit)
-      throw new RankflowError('EINVAL', `${this.where}: exchange #${seq} value is ${bytes} bytes of JSON; at most ${limit} in a world of ${this.peers.length} processes`);
-    return wire;
-  }
-
-  /** A failure of a local rank, as it crosses: bounded, as the receivers check it. */
-  protected static failureWire(f: RankFailure): RankFailure {
-    return {
-      rank: f.rank,
-      message: String(f.message).slice(0, LIMITS.textChars),
-      ...(f.phase !== undefined ? { phase: String(f.phase).slice(0, LIMITS.idChars) } : {}),
-    };
-  }
-
-  /** The first error a new exchange must fail with, if any. */
-  protected refuse(): RankflowError | undefined {
-    if (this.closed) return new RankflowError('STATE', `${this.where}: exchange after close()`, { state: 'closed' });
-    const first = this.lost.keys().next();
-    return first.done ? undefined : this.lostError(first.value);
-  }
-}
 
 export class LeaderSession extends Session {
   private readonly pending = new Map<number, PendingExchange>();
