@@ -17,8 +17,9 @@ import type { FailureInfo } from '../machines/index.js';
 import type { Membership as Told, RankInit } from '../workers/protocol.js';
 import type { Ranks } from './ranks.js';
 import type { GroupEvents } from './group.js';
-import type { PeerLost, Rendezvous } from './world/rendezvous.js';
+import type { ElasticRendezvous, PeerLost, RejoinedAt, Rejoining, Rendezvous } from './world/rendezvous.js';
 import { agreeOnMembership } from './elastic-world.js';
+import { agreeOnJoinPoint, join, rangeOf, type Joining, type JoinSite } from './elastic-join.js';
 
 /** group.on('rankLeft'): rank `rank` left the group at `at` (ms since the epoch), `cause` its failure. */
 export interface RankLeft { rank: number; cause: RankflowError; at: number }
@@ -29,6 +30,8 @@ const now = (): number => performance.timeOrigin + performance.now();
 const NO_SEGMENTS = { deviceFd: -1, hostFd: -1 };
 /** How long the survivors wait for a leaving rank's worker to end before they go on without it. */
 const EXIT_MS = 1000;
+/** How long a survivor waits for a rejoiner's fds (it starts its workers first: ~0.1-1 s). */
+const JOIN_MS = 30_000;
 
 export class Membership {
   /** index = global rank: the whole world's ranks, those of other processes too */
@@ -40,6 +43,11 @@ export class Membership {
   private agreed: bigint;
   /** a world whose leader process was lost cannot re-form: the group failed (API.md) */
   broken?: RankflowError;
+  /** a world's: the group ops started, the point a rejoin is taken in at (elastic-join.ts) */
+  private started = 0;
+  /** a world's rejoin in progress, and whether its join runs now */
+  private joining?: Joining;
+  private joinRunning?: Joining;
   /** membership changes so far (a handle of another membership is refused: ops/dispatch.cc) */
   private epoch = 0;
   /** a rank left since the survivors were last put in step: they are, before the next op */
@@ -85,11 +93,94 @@ export class Membership {
   watch(rv: Rendezvous): void {
     this.rv = rv;
     rv.onPeerLost((lost: PeerLost) => {
+      if (this.joining?.peer.rankOffset === lost.rankOffset) this.abandon(this.joining, `the rejoining process was lost (${lost.reason})`);
       const error = (g: number) => new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
       if (lost.rankOffset === 0) return this.fail(lost);
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) this.gone(g, error(g));
     });
     rv.onRankFailed((f) => this.gone(f.rank, new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase })));
+    const erv = rv as ElasticRendezvous;
+    if (typeof erv.onRejoin === 'function') erv.onRejoin({ rejoining: (r) => this.rejoining(r), ended: (i, why) => this.joining?.index === i && this.abandon(this.joining, why) });
+    if (erv.rejoined) this.adopt(erv.rejoined);
+  }
+
+  /** A rejoining process starts where the survivors are (its table: world/rejoin.ts). */
+  private adopt(at: RejoinedAt): void {
+    const mask = BigInt(`0x${at.mask}`);
+    this.live.forEach((_, g) => { this.live[g] = ((mask >> BigInt(g)) & 1n) === 1n; });
+    this.agreed = mask;
+    this.epoch = at.epoch;
+    this.started = at.started;
+  }
+
+  /** Before each of the group's ops (group.ts): re-formed if ranks left, a rejoin taken in once its point came, counted. */
+  async beforeOp(): Promise<void> {
+    await this.settle();
+    await this.joinIfDue(true);
+    this.started++;
+    if (this.joining?.at === this.started) void this.queue(() => this.joinIfDue(false)).catch(() => {});
+  }
+
+  /** A rejoin began (every survivor process hears it from the leader): they agree on the point to take it in. */
+  private rejoining(r: Rejoining): void {
+    if (this.joining || this.broken || !this.rv) return;
+    let settled!: () => void;
+    const j: Joining = { ...r, agreed: new Promise<void>((resolve) => (settled = resolve)), settled: () => settled() };
+    this.joining = j;
+    agreeOnJoinPoint(this.rv as ElasticRendezvous, this.started).then((at) => {
+      j.at = at;
+      j.settled();
+      void this.queue(() => this.joinIfDue(false)).catch(() => {});
+    }, (e: unknown) => this.abandon(j, RankflowError.from(e).message));
+  }
+
+  /** The rejoin ends without the rejoiner: the leader tells it; a survivor's join in progress ends (its barrier: the left word). */
+  private abandon(j: Joining, reason: string): void {
+    if (j.ended !== undefined) return;
+    j.ended = reason;
+    j.settled();
+    (this.rv as ElasticRendezvous).endRejoin?.(reason);
+    if (this.joinRunning !== j) {
+      if (this.joining === j) this.joining = undefined;
+      return;
+    }
+    for (const g of rangeOf(j.peer)) for (const m of this.ranks.members) m.abortWords?.left(g, `rank ${g}'s rejoin ended: ${reason}`);
+  }
+
+  /** In the group's queue: the rejoin's join, if this process is at its point (hold: wait for the point first). */
+  private async joinIfDue(hold: boolean): Promise<void> {
+    const j = this.joining;
+    if (j === undefined) return;
+    if (j.at === undefined && j.ended === undefined) {
+      if (!hold) return;
+      await j.agreed;
+    }
+    if (this.joining !== j || j.at !== this.started || j.ended !== undefined) {
+      if (j.ended !== undefined && this.joining === j) this.joining = undefined;
+      return;
+    }
+    await this.settle();
+    this.joinRunning = j;
+    try {
+      const site: JoinSite = {
+        rv: this.rv as ElasticRendezvous, ranks: this.ranks, live: this.live, epoch: this.epoch, started: this.started, timeoutMs: JOIN_MS,
+        locals: () => this.locals(), told: (live, epoch, sessions) => this.told(live, epoch, sessions),
+      };
+      const told = await join(site, j);
+      for (const g of rangeOf(j.peer)) this.live[g] = true;
+      this.agreed = told.mask;
+      this.epoch = told.epoch;
+      const at = now();
+      for (const g of rangeOf(j.peer)) this.events.emit('rankJoined', { rank: g, at });
+    } catch (e) {
+      this.abandon(j, RankflowError.from(e).message);
+      // Some survivor ranks may have taken it in: every process re-forms without it, at a later epoch.
+      this.agreed = -1n;
+      this.epoch += 2;
+    } finally {
+      this.joinRunning = undefined;
+      this.joining = undefined;
+    }
   }
 
   /** The leader process (rank 0's, which relays the survivors' exchange) was lost: the world cannot re-form; every rank fails, as without elastic. */

@@ -2,7 +2,8 @@
 // `exchange`, but among the processes that are not lost. A process lost before or while an exchange
 // runs gives null; the exchange fails only if the leader is lost (it relays every value: a star), the
 // session closes, or a survivor gives nothing within the timeout. Its own numbering ('lx' messages):
-// the formation's exchanges refuse after a loss, these are made for it.
+// the formation's exchanges refuse after a loss, these are made for it. A second one ('jx') carries
+// the rejoins' agreements (actors/elastic-join.ts), numbered apart from the re-formings'.
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
 import type { RendezvousPeer } from './rendezvous.js';
@@ -11,6 +12,11 @@ import type { RendezvousPeer } from './rendezvous.js';
 export const LIVE_VALUE_BYTES = 4096;
 // How far a follower may run ahead of the leader: in step, at most one.
 const MAX_AHEAD = 16;
+
+/** The two kinds: the re-formings' ('lx') and the rejoins' ('jx'). */
+export type LiveKind = { ask: 'lx'; all: 'lxall' } | { ask: 'jx'; all: 'jxall' };
+export const REFORM: LiveKind = { ask: 'lx', all: 'lxall' };
+export const REJOIN: LiveKind = { ask: 'jx', all: 'jxall' };
 
 interface Waiter { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
 
@@ -34,7 +40,13 @@ export class LeaderLive {
     private readonly broadcast: (m: Message) => void,
     private readonly where: string,
     private readonly timeoutMs: number,
+    private readonly kind: LiveKind = REFORM,
   ) {}
+
+  /** The exchanges made so far (a rejoiner starts its count there). */
+  get at(): number {
+    return this.seq;
+  }
 
   exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
     const seq = ++this.seq;
@@ -102,7 +114,7 @@ export class LeaderLive {
     this.pending.delete(seq);
     clearTimeout(p.waiter.timer);
     const values = p.values.map((v, i) => (p.have[i] && !this.isLost(i) ? v : null));
-    this.broadcast({ t: 'lxall', seq, values });
+    this.broadcast({ t: this.kind.all, seq, values });
     p.waiter.resolve(values);
   }
 }
@@ -118,7 +130,13 @@ export class FollowerLive {
     private readonly send: (m: Message) => void,
     private readonly where: string,
     private readonly timeoutMs: number,
+    private readonly kind: LiveKind = REFORM,
   ) {}
+
+  /** A rejoiner's: the survivors made `seq` exchanges of this kind before it came. */
+  startAt(seq: number): void {
+    this.seq = seq;
+  }
 
   exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
     const seq = ++this.seq;
@@ -135,7 +153,7 @@ export class FollowerLive {
         reject(new RankflowError('TIMEOUT_CPU', `${this.where}: survivors' exchange #${seq}: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
       }, timeoutMs);
       this.waiting.set(seq, { resolve, reject, timer });
-      this.send({ t: 'lx', seq, value: wire });
+      this.send({ t: this.kind.ask, seq, value: wire });
     });
   }
 
