@@ -10,12 +10,17 @@ import type { Rendezvous } from './world/rendezvous.js';
 import { isInt, isObject, who } from './world/protocol.js';
 
 /** What one process gives in a round. The mask as hex: JSON has no 64-bit integers. */
-interface Known { mask: string; seq: number; sessions: number; epoch: number }
+interface Known { mask: string; seq: number; sessions: number; epoch: number; started: number }
 
 const MAX_NUMBER = 2 ** 53;
 const HEX_MASK = /^[0-9a-f]{1,16}$/;
 
-export interface Position { live: boolean[]; seq: number; sessions: number; epoch: number }
+/**
+ * `started`: the group ops this process started. A process that learnt of the loss while its op k was
+ * in flight had that op ended by the left word; one that learnt before starting op k holds it in
+ * beforeOp: every process rejects op k (the largest count), so that all go on with op k + 1.
+ */
+export interface Position { live: boolean[]; seq: number; sessions: number; epoch: number; started: number }
 
 /**
  * One round. `leave(g, cause)`: rank g, which this process thought alive, left (another process saw it
@@ -24,11 +29,11 @@ export interface Position { live: boolean[]; seq: number; sessions: number; epoc
  */
 export async function agreeOnMembership(
   rv: Rendezvous, mine: Position, leave: (g: number, cause: RankflowError) => void,
-): Promise<{ seq: number; sessions: number; epoch: number } | null> {
+): Promise<{ seq: number; sessions: number; epoch: number; started: number } | null> {
   const mask = (live: boolean[]) => live.reduce((m, l, g) => (l ? m | (1n << BigInt(g)) : m), 0n);
-  const values = await rv.exchangeAmongLive<Known>({ mask: mask(mine.live).toString(16), seq: mine.seq, sessions: mine.sessions, epoch: mine.epoch });
+  const values = await rv.exchangeAmongLive<Known>({ mask: mask(mine.live).toString(16), seq: mine.seq, sessions: mine.sessions, epoch: mine.epoch, started: mine.started });
   const world = mine.live.length;
-  let common = mask(mine.live), agreed = true, seq = mine.seq, sessions = mine.sessions, epoch = mine.epoch;
+  let common = mask(mine.live), agreed = true, seq = mine.seq, sessions = mine.sessions, epoch = mine.epoch, started = mine.started;
   const masks: Array<bigint | null> = values.map((v, i) => {
     const p = rv.peers[i]!;
     if (v === null) {
@@ -36,11 +41,12 @@ export async function agreeOnMembership(
       return null;
     }
     if (!isObject(v) || typeof v.mask !== 'string' || !HEX_MASK.test(v.mask) || !isInt(v.seq, 0, MAX_NUMBER) ||
-        !isInt(v.sessions, 0, 2 ** 32 - 1) || !isInt(v.epoch, 0, MAX_NUMBER) || BigInt(`0x${v.mask}`) >> BigInt(world) !== 0n)
+        !isInt(v.sessions, 0, 2 ** 32 - 1) || !isInt(v.epoch, 0, MAX_NUMBER) || !isInt(v.started, 0, MAX_NUMBER) || BigInt(`0x${v.mask}`) >> BigInt(world) !== 0n)
       throw new RankflowError('EINVAL', `elastic world: ${who(p)} sent a value that is not a membership's in the survivors' exchange`, { rank: p.rankOffset });
     seq = Math.max(seq, v.seq);
     sessions = Math.max(sessions, v.sessions);
     epoch = Math.max(epoch, v.epoch);
+    started = Math.max(started, v.started);
     const m = BigInt(`0x${v.mask}`);
     common &= m;
     return m;
@@ -52,5 +58,5 @@ export async function agreeOnMembership(
     leave(g, new RankflowError('RANK_FAILED', from ? `rank ${g} is gone: its process left the world (${who(from)})` : `rank ${g} left: another process of the world saw it fail`, { rank: g }));
     agreed = false;
   }
-  return agreed ? { seq, sessions, epoch } : null;
+  return agreed ? { seq, sessions, epoch, started } : null;
 }

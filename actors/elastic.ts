@@ -5,7 +5,8 @@
 // in step (the group's sequence number, as after a run's release) and writes the new live mask into
 // its workspace (ops/membership.cc), which its ops read: they leave the ranks outside it out.
 // In a world the ranks of another process leave when it is lost or announces their failure, and the
-// survivor processes agree on the numbers and the mask through the survivors' exchange (agree()).
+// survivor processes agree on the numbers and the mask through the survivors' exchange
+// (elastic-world.ts); a process started with world.rejoin takes a range back (elastic-join.ts).
 // replaceRank(r) starts a fresh worker and context for r at the group's numbers; the survivors map
 // its window over the old one and a barrier with it ends the join: the group is 'ready' again.
 import type { EventEmitter } from 'eventemitter3';
@@ -48,6 +49,9 @@ export class Membership {
   /** a world's rejoin in progress, and whether its join runs now */
   private joining?: Joining;
   private joinRunning?: Joining;
+  /** a world's: the ops up to this count were in flight somewhere when ranks left: rejected here too (elastic-world.ts) */
+  private rejectThrough = 0;
+  private lastLeft?: RankflowError;
   /** membership changes so far (a handle of another membership is refused: ops/dispatch.cc) */
   private epoch = 0;
   /** a rank left since the survivors were last put in step: they are, before the next op */
@@ -116,6 +120,12 @@ export class Membership {
   /** Before each of the group's ops (group.ts): re-formed if ranks left, a rejoin taken in once its point came, counted. */
   async beforeOp(): Promise<void> {
     await this.settle();
+    if (this.started < this.rejectThrough) {
+      this.started++;
+      const g = this.lastLeft?.rank;
+      throw new RankflowError('RANK_FAILED', `${g !== undefined ? `rank ${g}` : 'a rank'} left the group while this op ran in another process of the world ` +
+        `(it ended there, so it ends here too): ${this.lastLeft?.message ?? ''}`, g !== undefined ? { rank: g } : undefined);
+    }
     await this.joinIfDue(true);
     this.started++;
     if (this.joining?.at === this.started) void this.queue(() => this.joinIfDue(false)).catch(() => {});
@@ -210,6 +220,7 @@ export class Membership {
     this.epoch++;
     this.pending = true;
     const message = `rank ${g} left the group: ${error.message}`;
+    this.lastLeft = error;
     const info: FailureInfo = { code: 'RANK_FAILED', message, rank: g, ...(error.phase !== undefined ? { phase: error.phase } : {}) };
     this.ranks.members.forEach((m, r) => {
       if (this.offset + r === g || this.ranks.handles[r]!.exited) return;
@@ -241,11 +252,12 @@ export class Membership {
       const positions = at.map((p) => (p as PromiseFulfilledResult<{ seq: number; sessions: number }>).value);
       let seq = Math.max(0, ...positions.map((p) => p.seq)), sessions = Math.max(0, ...positions.map((p) => p.sessions)), epoch = this.epoch;
       if (this.rv) {
-        const agreed = await agreeOnMembership(this.rv, { live: this.live, seq, sessions, epoch }, (g, e) => this.gone(g, e, false))
+        const agreed = await agreeOnMembership(this.rv, { live: this.live, seq, sessions, epoch, started: this.started }, (g, e) => this.gone(g, e, false))
           .catch((e: unknown) => this.broke(RankflowError.from(e)));
         if (agreed === null) continue;  // the processes knew different masks: now each knows them all, once more
         ({ seq, sessions, epoch } = agreed);
         this.epoch = epoch;
+        this.rejectThrough = Math.max(this.rejectThrough, agreed.started);
       }
       for (const r of locals) this.ranks.members[r]!.abortWords?.clearLeft();
       const m = this.told(this.live, epoch, sessions);
@@ -269,7 +281,7 @@ export class Membership {
   replace(rank: number): Promise<void> {
     const local = rank - this.offset;
     if (this.rv) return Promise.reject(invalid('rank', `${rank}: replaceRank is for the ranks of one process; in a world a process started with ` +
-      'world.rejoin takes a range back, which is not implemented yet (docs/api.md, "Elastic groups")'));
+      'world.rejoin takes a range back (docs/api.md, "Elastic worlds")'));
     try {
       checkIntIn('rank', local, 0, this.live.length - 1);
     } catch (e) {

@@ -3,9 +3,10 @@
 // running driver-mode dispatches in lockstep, and a random follower process SIGKILLed at a random
 // moment of the loop. Per survivor process: ms from the kill to its 'rankLeft' (each rank of the dead
 // process) and to its first dispatch that succeeded among the survivors (it started after rankLeft:
-// the survivor processes had re-formed without the dead). p50 / p99 over trials and survivors. The
-// leader (rankOffset 0) is never killed: an elastic world does not outlive it (docs/api.md). No
-// rejoin time: a range that left a world is not taken back yet.
+// the survivor processes had re-formed without the dead). Then a process started with world.rejoin
+// takes the range back: ms from its fork (node, its workers, the join) to the last survivor's
+// 'rankJoined', and its createGroup's ms. p50 / p99 over trials and survivors. The leader
+// (rankOffset 0) is never killed: an elastic world does not outlive it (docs/api.md).
 // Writes bench/results/elastic-host-world-<date>.json with its provenance.
 import { fork } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
@@ -45,18 +46,30 @@ function input(W: number, r: number): DispatchInput<'bf16'> {
   return { x: tensor('bf16', [T, H], data), topkIdx, topkWeights: new Float32Array(T * K).fill(0.25) };
 }
 
-interface Spec { url: string; W: number; rankOffset: number; ranks: number }
-interface Report { kind: 'report'; lefts: number[]; firstAt: number; rejected: number; error?: string; i?: number }
+interface Spec { url: string; W: number; rankOffset: number; ranks: number; rejoin?: boolean }
+interface Report { kind: 'report'; lefts: number[]; firstAt: number; rejected: number; error?: string; i?: number; joinedAt?: number; createMs?: number }
 
 /**
  * One process of the world: dispatches until op `stopAt`, which the bench names once every survivor
  * said which op it is at after its first success (the processes stop at one op: in lockstep).
  */
 async function child(spec: Spec): Promise<void> {
+  const t0 = now();
   const g = await createGroup({
     backend: 'host', ranks: spec.ranks, buffer: buffer(spec.W), elastic: true, timeouts: { cpuSeconds: 20 },
-    world: { size: spec.W, rankOffset: spec.rankOffset, rendezvous: spec.url },
+    world: { size: spec.W, rankOffset: spec.rankOffset, rendezvous: spec.url, ...(spec.rejoin ? { rejoin: true } : {}) },
   });
+  if (spec.rejoin) {
+    // Back in: one barrier with the survivors (their next op), then done.
+    const createMs = now() - t0;
+    await g.barrier();
+    process.send!({ kind: 'rejoined', createMs });
+    await g.destroy();
+    process.disconnect();
+    return;
+  }
+  let joinedAt = 0;
+  g.on('rankJoined', (e) => { joinedAt = Math.max(joinedAt, e.at); });
   const lefts: number[] = [];
   g.on('rankLeft', (e) => lefts.push(e.at));
   const inputs = Array.from({ length: spec.ranks }, (_, r) => input(spec.W, spec.rankOffset + r));
@@ -77,6 +90,10 @@ async function child(spec: Spec): Promise<void> {
     error = String(e);
   }
   process.send!({ kind: 'report', lefts, firstAt, rejected, ...(error ? { error } : {}) } satisfies Report);
+  // The rejoin: wait (bounded) until the range is back, then the barrier the rejoiner starts with.
+  for (const until = now() + 30_000; g.state !== 'ready' && now() < until;) await new Promise((r) => setTimeout(r, 1));
+  await g.barrier();
+  process.send!({ kind: 'joined', joinedAt });
   await g.destroy();
   process.disconnect();
 }
@@ -111,7 +128,16 @@ async function trial(procs: number, perProc: number) {
     for (const c of survivors) c.send({ stopAt });
     const got = await Promise.all(reports);
     for (const r of got) if (r.error || r.lefts.length !== perProc || r.firstAt === 0) throw new Error(`a survivor: ${JSON.stringify(r)}`);
-    return { left: got.flatMap((r) => r.lefts.map((at) => at - killedAt)), first: got.map((r) => r.firstAt - killedAt), rejected: got.map((r) => r.rejected) };
+    const joined = survivors.map((c) => message(c, 'joined'));
+    const forkedAt = now();
+    const rejoiner = fork(process.argv[1]!, ['--child', JSON.stringify({ url, W, rankOffset: victim * perProc, ranks: perProc, rejoin: true } satisfies Spec)], { stdio: 'inherit' });
+    kids.push(rejoiner);
+    const back = await message(rejoiner, 'rejoined');
+    const joins = await Promise.all(joined);
+    return {
+      left: got.flatMap((r) => r.lefts.map((at) => at - killedAt)), first: got.map((r) => r.firstAt - killedAt), rejected: got.map((r) => r.rejected),
+      rejoin: Math.max(...joins.map((j) => j.joinedAt! - forkedAt)), create: back.createMs!,
+    };
   } finally {
     for (const c of kids) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
   }
@@ -127,17 +153,21 @@ if (flags.child) {
   };
   for (const layout of flags.layouts.split(',')) {
     const [procs, perProc] = layout.split('x').map(Number) as [number, number];
-    const left: number[] = [], first: number[] = [], rejected: number[] = [];
+    const left: number[] = [], first: number[] = [], rejected: number[] = [], rejoin: number[] = [], create: number[] = [];
     for (let t = 0; t < Number(flags.trials); t++) {
       const r = await trial(procs, perProc);
       left.push(...r.left);
       first.push(...r.first);
       rejected.push(...r.rejected);
+      rejoin.push(r.rejoin);
+      create.push(r.create);
     }
-    const rec = { processes: procs, ranksPerProcess: perProc, killToRankLeftMs: stats(left), killToFirstSurvivorOpMs: stats(first), opsRejectedPerKill: stats(rejected) };
+    const rec = { processes: procs, ranksPerProcess: perProc, killToRankLeftMs: stats(left), killToFirstSurvivorOpMs: stats(first), opsRejectedPerKill: stats(rejected),
+      rejoinForkToRankJoinedMs: stats(rejoin), rejoinCreateGroupMs: stats(create) };
     (result.layouts as Record<string, unknown>)[layout] = rec;
     const f = (s: { p50: number; p99: number }) => `p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms`;
-    console.log(`${procs} processes x ${perProc} ranks: kill -> rankLeft ${f(rec.killToRankLeftMs)}; kill -> first survivor op ${f(rec.killToFirstSurvivorOpMs)}`);
+    console.log(`${procs} processes x ${perProc} ranks: kill -> rankLeft ${f(rec.killToRankLeftMs)}; kill -> first survivor op ${f(rec.killToFirstSurvivorOpMs)}; ` +
+      `rejoin (fork -> rankJoined) ${f(rec.rejoinForkToRankJoinedMs)}, its createGroup ${f(rec.rejoinCreateGroupMs)}`);
   }
   mkdirSync(flags.out, { recursive: true });
   const file = path.join(flags.out, `elastic-host-world-${new Date().toISOString().slice(0, 10)}.json`);

@@ -6,7 +6,9 @@
  * healthy (not elastic) group of its own fed those inputs. The test SIGKILLs a follower process at a
  * random op of the loop (0-3 ms after it said it got there: between ops or inside one): every survivor
  * sees rankLeft for each of its ranks, is 'degraded' without them, and never a wrong result or a hang.
- * The leader process's death stays fatal (RANK_FAILED naming rank 0), and world.rejoin is refused.
+ * Then a process started with world.rejoin takes the range back: rankJoined in every survivor, 'ready',
+ * and the next ops' results are a healthy group's; rejoins that do not fit are refused, each told why.
+ * The leader process's death stays fatal (RANK_FAILED naming rank 0).
  */
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -125,12 +127,95 @@ describe('the leader process', () => {
   }, 120_000);
 });
 
+/** A world of `layout` whose process `victim` is SIGKILLed at op `at` of phase 1; the survivors then wait for a rejoin (phase 2: `phase2` ops). */
+async function degradedWorld(layout: number[], victim: number, at: number, opts: { token?: string; phase2?: number } = {}) {
+  ensureCompiled('dist/actors/elastic-join.js', [...worldSources, 'actors/elastic.ts', 'actors/elastic-world.ts', 'actors/elastic-join.ts', 'actors/startup.ts']);
+  const url = `tcp://127.0.0.1:${await freePort()}`, worldSize = layout.reduce((a, b) => a + b, 0);
+  const offsets = layout.map((_, p) => layout.slice(0, p).reduce((a, b) => a + b, 0));
+  const spec = (p: number, extra: object = {}) => ({
+    url, worldSize, rankOffset: offsets[p], ranks: layout[p], ops: 80, phase2: opts.phase2 ?? 60, seed: 11, oracle: true, layout,
+    ...(opts.token ? { token: opts.token } : {}), ...extra,
+  });
+  const procs = layout.map((_, p) => forkFixture('elastic-world-child', spec(p)));
+  children.push(...procs);
+  await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+  procs[victim]!.proc.on('message', (m: Message) => m.kind === 'at' && m.i === at && procs[victim]!.proc.kill('SIGKILL'));
+  const survivors = procs.filter((_, p) => p !== victim);
+  const phase1 = (await Promise.all(survivors.map((c) => c.next('done', 60_000)))) as Done[];
+  const rejoin = (extra: object = {}): Child => {
+    const c = forkFixture('elastic-world-child', spec(victim, { rejoin: true, ...extra }));
+    children.push(c);
+    return c;
+  };
+  return { url, worldSize, survivors, phase1, rejoin, offsets };
+}
+
+describe.each([
+  [[2, 2], 1], [[1, 1, 1], 2], [[2, 1, 1], 1],
+])('a world of processes hosting %j ranks: process %i SIGKILLed, then a process with world.rejoin takes its range back', (layout, victim) => {
+  it("every process: rankJoined for the range, 'ready', and a healthy group's results; the rejoin within 2 s", async () => {
+    const at = 20 + randInt(prng(layout.length * 10 + victim), 40);
+    const { survivors, phase1, rejoin, worldSize } = await degradedWorld(layout, victim, at);
+    for (const d of phase1) expect(d.errors).toEqual([]);
+    const startedAt = now();
+    const r = rejoin();
+    const ready = await r.next('ready', 30_000);
+    expect(ready).toMatchObject({ state: 'ready', liveRanks: Array.from({ length: worldSize }, (_, g) => g) });
+    const joined = await Promise.all(survivors.map((c) => c.next('joined', 30_000)));
+    const range = rangeOf(layout, victim);
+    for (const j of joined) {
+      expect(j).toMatchObject({ state: 'ready', liveRanks: Array.from({ length: worldSize }, (_, g) => g) });
+      expect((j.joins as Array<{ rank: number }>).map((x) => x.rank)).toEqual(range);
+    }
+    const phase2 = (await Promise.all([...survivors, r].map((c) => c.next('done2', 60_000)))) as Done[];
+    for (const d of phase2) {
+      expect(d.errors).toEqual([]);
+      expect(d.rejected).toBe(0);
+      expect(d.succeeded + d.skipped).toBe(60);
+      expect(d.skipped).toBe(0);
+      expect(d.state).toBe('ready');
+    }
+    // The rejoin: from the rejoiner's start (its process, node and workers included) to rankJoined in every survivor.
+    const ms = Math.max(...joined.flatMap((j) => (j.joins as Array<{ at: number }>).map((x) => x.at - startedAt)));
+    console.log(`${JSON.stringify(layout)}, process ${victim}: rejoin ${ms.toFixed(0)} ms from the rejoiner's fork to the last rankJoined (its createGroup ${Number(ready.createMs).toFixed(0)} ms)`);
+    expect(ms).toBeLessThan(2000);
+  }, 120_000);
+});
+
+describe('rejoins that are refused', () => {
+  const buffer = { maxTokensPerRank: 16, hidden: 128, topk: 4, numExperts: 12, cpuBytes: 2 << 20 };  // elastic-cases.mjs buffer(3)
+  it('a range that serves, one that is no process\'s, another world size, a second rejoin at once, a wrong token: each told why; then the right one joins', async () => {
+    const token = 'a'.repeat(64);
+    const { url, survivors, rejoin } = await degradedWorld([1, 1, 1], 2, 15, { token, phase2: 20 });
+    const attempt = (world: object, cpuSeconds = 10) => createGroup({ backend: 'host', ranks: 1, buffer, elastic: true, timeouts: { cpuSeconds }, world: { size: 3, rendezvous: url, token, rejoin: true, ...world } as never });
+    await expect(attempt({ rankOffset: 1 })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/refused this rejoin: rank 1 \(pid \d+ .*\) serves/) });
+    await expect(attempt({ rankOffset: 2, size: 4 })).rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/refused this rejoin: world sizes disagree/) });
+    await expect(createGroup({ backend: 'host', ranks: 2, buffer, elastic: true, timeouts: { cpuSeconds: 10 }, world: { size: 3, rankOffset: 1, rendezvous: url, token, rejoin: true } }))
+      .rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/refused this rejoin: ranks \[1, 3\) are not the range of one process/) });
+    await expect(attempt({ rankOffset: 2, token: 'b'.repeat(64) }, 2)).rejects.toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/world\.token/) });
+    await expect(createGroup({ backend: 'host', ranks: 1, buffer: { ...buffer, hidden: 64 }, elastic: true, timeouts: { cpuSeconds: 10 }, world: { size: 3, rankOffset: 2, rendezvous: url, token, rejoin: true } }))
+      .rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/refused this rejoin: its buffer/) });
+    // Two at once: one takes the range back, the other is told why (in progress, or the range serves by then).
+    const two = [rejoin(), rejoin()];
+    const outcomes = await Promise.all(two.map((c) => Promise.race([c.next('ready', 30_000), c.next('refused', 30_000)])));
+    expect(outcomes.map((m) => m.kind).sort()).toEqual(['ready', 'refused']);
+    expect(outcomes.find((m) => m.kind === 'refused')).toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/another rejoin is in progress|serves/) });
+    const first = two[outcomes.findIndex((m) => m.kind === 'ready')]!;
+    for (const c of survivors) expect(await c.next('joined', 30_000)).toMatchObject({ state: 'ready' });
+    for (const d of (await Promise.all([...survivors, first].map((c) => c.next('done2', 60_000)))) as Done[]) expect(d.errors).toEqual([]);
+  }, 120_000);
+
+  it('the option: world.rejoin at rankOffset 0, or without elastic, is EINVAL', async () => {
+    const world = { size: 2, rendezvous: 'tcp://127.0.0.1:1', rejoin: true };
+    await expect(createGroup({ backend: 'host', ranks: 1, buffer, elastic: true, world: { ...world, rankOffset: 0 } }))
+      .rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^world\.rejoin: cannot be set with rankOffset 0/) });
+    await expect(createGroup({ backend: 'host', ranks: 1, buffer, elastic: 'no' as never, world: { ...world, rankOffset: 1, rejoin: 'yes' as never } }))
+      .rejects.toMatchObject({ code: 'EINVAL' });
+  });
+});
+
 describe('the option', () => {
   const buffer = { maxTokensPerRank: 4, hidden: 64, topk: 2, numExperts: 8 };
-  it('world.rejoin is refused: a range that left a world is not taken back yet', async () => {
-    await expect(createGroup({ backend: 'host', ranks: 1, buffer, elastic: true, world: { size: 2, rankOffset: 1, rendezvous: 'tcp://127.0.0.1:1', rejoin: true } }))
-      .rejects.toMatchObject({ code: 'EINVAL', message: expect.stringMatching(/^world\.rejoin: is not implemented yet/) });
-  });
   it('elastic with a world that spans nodes (world.nodeId) is refused once the world met', async () => {
     const url = `tcp://127.0.0.1:${await freePort()}`;
     const make = (p: number) => createGroup({ backend: 'host', ranks: 1, buffer, elastic: true, timeouts: { cpuSeconds: 20 }, world: { size: 2, rankOffset: p, rendezvous: url, nodeId: `n${p}` } });
