@@ -131,6 +131,20 @@ export class Membership {
     if (this.joining?.at === this.started) void this.queue(() => this.joinIfDue(false)).catch(() => {});
   }
 
+  /**
+   * An op's body (after beforeOp). A combine whose dispatch's membership changed is refused before it
+   * sends anything: not counted, as a process that skipped it (its dispatch rejected there) counts none.
+   */
+  async counted<T>(body: () => Promise<T>): Promise<T> {
+    try {
+      return await body();
+    } catch (e) {
+      const err = e as { code?: string; message?: string };
+      if (this.rv && err.code === 'EINVAL' && /before the group's membership changed/.test(err.message ?? '')) this.started--;
+      throw e;
+    }
+  }
+
   /** A rejoin began (every survivor process hears it from the leader): they agree on the point to take it in. */
   private rejoining(r: Rejoining): void {
     if (this.joining || this.broken || !this.rv) return;

@@ -173,7 +173,7 @@ export class Group extends EventEmitter<GroupEvents> {
           throw new RankflowError('STATE', `${why} (rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')})`, { rank: h.rank, state: h.state });
         }
       }
-      return body();
+      return this.membership && settle ? this.membership.counted(body) : body();
     };
     const p = this.queue.then(run, run);
     this.queue = p.then(() => {}, () => {});  // not p.catch(): that would keep the last result alive
