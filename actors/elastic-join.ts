@@ -7,6 +7,8 @@
 // the rejoiner its table with them; the survivors and the rejoiner pass each other their windows' fds
 // (SCM_RIGHTS, as at formation); every survivor rank maps the rejoiner's windows over the old ones
 // and barriers with its ranks, which register at the same numbers (ops/membership.cc rejoin).
+import { createHash } from 'node:crypto';
+
 import { RankflowError } from './core/errors.js';
 import { loadAddon, type ExportedSegments } from './core/addon.js';
 import { isInt, isObject, who } from './world/protocol.js';
@@ -28,6 +30,8 @@ export interface Joining extends Rejoining {
   settled: () => void;
   /** why it ended without the rejoiner, if it did */
   ended?: string;
+  /** rejects once it ended: the join's waits (fds, exchanges) end with it */
+  gone: Promise<never>;
 }
 
 /** What the join needs of the membership (actors/elastic.ts). */
@@ -62,7 +66,8 @@ export async function join(s: JoinSite, j: Joining): Promise<Told> {
   const locals = s.locals();
   const at = await Promise.all(locals.map((r) => s.ranks.call(r, (api) => api.position())));
   const mask = s.live.reduce((m, l, g) => (l ? m | (1n << BigInt(g)) : m), 0n);
-  const values = await s.rv.exchangeJoin({ seq: Math.max(0, ...at.map((p) => p.seq)), sessions: Math.max(0, ...at.map((p) => p.sessions)), epoch: s.epoch, mask: hex(mask) });
+  const cut = <T>(p: Promise<T>): Promise<T> => Promise.race([p, j.gone]);
+  const values = await cut(s.rv.exchangeJoin({ seq: Math.max(0, ...at.map((p) => p.seq)), sessions: Math.max(0, ...at.map((p) => p.sessions)), epoch: s.epoch, mask: hex(mask) }));
   let seq = 0, sessions = 0, epoch = 0;
   values.forEach((v, i) => {
     if (v === null) return;
@@ -77,7 +82,9 @@ export async function join(s: JoinSite, j: Joining): Promise<Told> {
   const told = s.told(s.live.map((l, g) => l || range.includes(g)), epoch + 1, sessions);
   s.rv.admitRejoin?.({ mask: hex(told.mask), epoch: told.epoch, sessions, seq, started: s.started });
   const mine = await Promise.all(locals.map((r) => s.ranks.call(r, (api) => api.exported())));
-  const received = await swapSegments(s.rv, j.peer, mine, s.timeoutMs);
+  const swapping = swapSegments(s.rv, j.peer, mine, s.timeoutMs);
+  swapping.then((r) => j.ended !== undefined && loadAddon().closeFds(r.fds), () => {});  // fds that come after the join ended
+  const received = await cut(swapping);
   try {
     await Promise.all(locals.map((r) => s.ranks.call(r, (api) => api.rejoin(range, received.segments, told))));
   } finally {
@@ -86,12 +93,21 @@ export async function join(s: JoinSite, j: Joining): Promise<Told> {
   return told;
 }
 
+/**
+ * A survivor's fd socket for the join after `joins` rejoins' exchanges: its world's name with another
+ * suffix, which the rejoiner derives alike. Not the formation's: a join that ended may leave its
+ * server (for a dead rejoiner's pid) up until its timeout.
+ */
+export function joinSocket(fdSocket: string, joins: number): string {
+  return `${fdSocket.slice(0, fdSocket.lastIndexOf('-'))}-${createHash('sha256').update(`${fdSocket}:${joins}`).digest('hex').slice(0, 8)}`;
+}
+
 /** This survivor process's windows to the rejoiner, its windows from it (fds over a Unix socket, served to its pid only). */
 async function swapSegments(rv: ElasticRendezvous, joiner: RendezvousPeer, mine: ExportedSegments[], timeoutMs: number) {
   const addon = loadAddon();
   const me = payloadOf(rv.peers[rv.self]!), theirs = payloadOf(joiner);
   const withHost = me.withHost;
-  const serving = addon.fdServe(me.fdSocket, [...mine.map((e) => e.deviceFd), ...(withHost ? mine.map((e) => e.hostFd) : [])], [joiner.pid], timeoutMs);
+  const serving = addon.fdServe(joinSocket(me.fdSocket, rv.joinsAt), [...mine.map((e) => e.deviceFd), ...(withHost ? mine.map((e) => e.hostFd) : [])], [joiner.pid], timeoutMs);
   serving.catch(() => {});
   const fds = await addon.fdFetch(theirs.fdSocket, timeoutMs, joiner.pid);
   try {
@@ -123,7 +139,7 @@ export async function rejoinSegments(rv: ElasticRendezvous, at: RejoinedAt, loca
   try {
     for (const p of others) {
       const live = rangeOf(p).filter(serves);
-      const fds = await addon.fdFetch(payloadOf(p).fdSocket, timeoutMs, p.pid);
+      const fds = await addon.fdFetch(joinSocket(payloadOf(p).fdSocket, at.joinSeq), timeoutMs, p.pid);
       received.push(...fds);
       if (fds.length !== live.length * (withHost ? 2 : 1)) throw new RankflowError('EINVAL', `elastic world: ${who(p)} passed ${fds.length} fds, not ${live.length * (withHost ? 2 : 1)}`);
       live.forEach((g, i) => { peers[g] = { deviceFd: fds[i]!, hostFd: withHost ? fds[live.length + i]! : -1 }; });

@@ -49,6 +49,8 @@ export class Membership {
   /** a world's rejoin in progress, and whether its join runs now */
   private joining?: Joining;
   private joinRunning?: Joining;
+  /** a rejoin the leader began while the last one was still ending here: started once it has */
+  private nextRejoin?: Rejoining;
   /** a world's: the ops up to this count were in flight somewhere when ranks left: rejected here too (elastic-world.ts) */
   private rejectThrough = 0;
   private lastLeft?: RankflowError;
@@ -104,7 +106,10 @@ export class Membership {
     });
     rv.onRankFailed((f) => this.gone(f.rank, new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase })));
     const erv = rv as ElasticRendezvous;
-    if (typeof erv.onRejoin === 'function') erv.onRejoin({ rejoining: (r) => this.rejoining(r), ended: (i, why) => this.joining?.index === i && this.abandon(this.joining, why) });
+    if (typeof erv.onRejoin === 'function') erv.onRejoin({ rejoining: (r) => this.rejoining(r), ended: (i, why) => {
+      if (this.nextRejoin?.index === i) this.nextRejoin = undefined;
+      else if (this.joining?.index === i) this.abandon(this.joining, why);
+    } });
     if (erv.rejoined) this.adopt(erv.rejoined);
   }
 
@@ -147,9 +152,16 @@ export class Membership {
 
   /** A rejoin began (every survivor process hears it from the leader): they agree on the point to take it in. */
   private rejoining(r: Rejoining): void {
-    if (this.joining || this.broken || !this.rv) return;
-    let settled!: () => void;
-    const j: Joining = { ...r, agreed: new Promise<void>((resolve) => (settled = resolve)), settled: () => settled() };
+    if (this.broken || !this.rv) return;
+    if (this.joining) {
+      this.nextRejoin = r;
+      return;
+    }
+    let settled!: () => void, fail!: (e: RankflowError) => void;
+    const gone = new Promise<never>((_, reject) => (fail = reject));
+    gone.catch(() => {});
+    const j: Joining = { ...r, agreed: new Promise<void>((resolve) => (settled = resolve)), settled: () => settled(), gone };
+    this.joinFail.set(j, fail);
     this.joining = j;
     agreeOnJoinPoint(this.rv as ElasticRendezvous, this.started).then((at) => {
       j.at = at;
@@ -163,9 +175,10 @@ export class Membership {
     if (j.ended !== undefined) return;
     j.ended = reason;
     j.settled();
-    (this.rv as ElasticRendezvous).endRejoin?.(reason);
+    this.joinFail.get(j)?.(new RankflowError('RANK_FAILED', `the rejoin of ranks [${j.peer.rankOffset}, ${j.peer.rankOffset + j.peer.localRanks}) ended: ${reason}`, { rank: j.peer.rankOffset }));
+    (this.rv as ElasticRendezvous).endRejoin?.(reason, j.peer.pid);
     if (this.joinRunning !== j) {
-      if (this.joining === j) this.joining = undefined;
+      if (this.joining === j) this.finished();
       return;
     }
     for (const g of rangeOf(j.peer)) for (const m of this.ranks.members) m.abortWords?.left(g, `rank ${g}'s rejoin ended: ${reason}`);
@@ -180,7 +193,7 @@ export class Membership {
       await j.agreed;
     }
     if (this.joining !== j || j.at !== this.started || j.ended !== undefined) {
-      if (j.ended !== undefined && this.joining === j) this.joining = undefined;
+      if (j.ended !== undefined && this.joining === j) this.finished();
       return;
     }
     await this.settle();
@@ -203,9 +216,18 @@ export class Membership {
       this.epoch += 2;
     } finally {
       this.joinRunning = undefined;
-      this.joining = undefined;
+      this.finished();
     }
   }
+
+  /** The rejoin in progress is over: the next one the leader began meanwhile starts. */
+  private finished(): void {
+    this.joining = undefined;
+    const next = this.nextRejoin;
+    this.nextRejoin = undefined;
+    if (next && !this.live[next.peer.rankOffset]) this.rejoining(next);
+  }
+  private readonly joinFail = new WeakMap<Joining, (e: RankflowError) => void>();
 
   /** The leader process (rank 0's, which relays the survivors' exchange) was lost: the world cannot re-form; every rank fails, as without elastic. */
   private fail(lost: PeerLost): void {

@@ -182,6 +182,24 @@ describe.each([
   }, 120_000);
 });
 
+describe('a rejoiner SIGKILLed while it joins', () => {
+  // Before it serves: its fork, its workers and its join take ~400 ms here (a kill after that is a loss, as above).
+  it.each([120, 240, 330])('after %i ms: the survivors go on degraded, and the next rejoiner takes the range back', async (ms) => {
+    const { survivors, rejoin } = await degradedWorld([1, 1, 1], 2, 25, { phase2: 40 });
+    const doomed = rejoin();
+    await new Promise((r) => setTimeout(r, ms));
+    doomed.proc.kill('SIGKILL');
+    await new Promise((r) => setTimeout(r, 300));
+    const second = rejoin();
+    expect(await second.next('ready', 30_000)).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2] });
+    for (const c of survivors) expect(await c.next('joined', 30_000)).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2] });
+    for (const d of (await Promise.all([...survivors, second].map((c) => c.next('done2', 60_000)))) as Done[]) {
+      expect(d.errors).toEqual([]);
+      expect(d.rejected).toBe(0);
+    }
+  }, 120_000);
+});
+
 describe('rejoins that are refused', () => {
   const buffer = { maxTokensPerRank: 16, hidden: 128, topk: 4, numExperts: 12, cpuBytes: 2 << 20 };  // elastic-cases.mjs buffer(3)
   it('a range that serves, one that is no process\'s, another world size, a second rejoin at once, a wrong token: each told why; then the right one joins', async () => {

@@ -133,6 +133,11 @@ export class FollowerLive {
     private readonly kind: LiveKind = REFORM,
   ) {}
 
+  /** The exchanges made so far. */
+  get at(): number {
+    return this.seq;
+  }
+
   /** A rejoiner's: the survivors made `seq` exchanges of this kind before it came. */
   startAt(seq: number): void {
     this.seq = seq;

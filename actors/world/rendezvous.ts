@@ -173,8 +173,10 @@ export interface ElasticRendezvous extends Rendezvous {
   onRejoin(l: { rejoining(r: Rejoining): void; ended(index: number, reason: string): void }): void;
   /** The leader: sends the rejoiner its table at `at` and takes it back into the world (its index is no longer lost). */
   admitRejoin?(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void;
-  /** The leader: the rejoin in progress ends without the rejoiner (told `reason`). */
-  endRejoin?(reason: string): void;
+  /** The leader: the rejoin in progress (of the process `pid`, if given) ends without the rejoiner (told `reason`). */
+  endRejoin?(reason: string, pid?: number): void;
+  /** The rejoins' exchanges made so far (a join's fd sockets are named for it: elastic-join.ts). */
+  readonly joinsAt: number;
   /** A rejoining process's: where it starts. */
   readonly rejoined?: RejoinedAt;
 }

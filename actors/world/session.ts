@@ -95,6 +95,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
     return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
   }
+  get joinsAt(): number { return this.joins.at; }
 
   onRejoin(l: RejoinListener): void {
     this.rejoinListeners.push(l);
@@ -131,9 +132,9 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     for (const c of this.channels) if (c !== r.ch) c?.send({ t: 'revived', index: r.index });
   }
 
-  endRejoin(reason: string): void {
+  endRejoin(reason: string, pid?: number): void {
     const r = this.rejoining;
-    if (r === undefined) return;
+    if (r === undefined || (pid !== undefined && r.join.pid !== pid)) return;
     this.rejoining = undefined;
     r.ch.end({ t: 'error', code: 'RANK_FAILED', message: `${this.where}: the rejoin ended: ${reason}`, rank: r.join.rankOffset });
     for (const c of this.channels) c?.send({ t: 'rejoinEnded', index: r.index, reason: reason.slice(0, LIMITS.textChars) });
@@ -346,6 +347,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
   exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
     return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
   }
+  get joinsAt(): number { return this.joins.at; }
 
   onRejoin(l: RejoinListener): void {
     this.rejoinListeners.push(l);
