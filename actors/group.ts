@@ -87,13 +87,13 @@ export class Group extends EventEmitter<GroupEvents> {
     this.rankOffset = world?.rankOffset ?? 0;
     this.ranks = Array.from({ length: size }, (_, r) => new RankHandle(this.rankOffset + r, this));
     this.workers = new Ranks(this.ranks, this.rankOffset, this, (f) => this.rv?.announceFailure(f));
-    if (opts.elastic === true) this.membership = new Membership(this.workers, this, (body) => this.collective([], body, false), () => { this.sessionOpen = false; });
+    if (opts.elastic === true) this.membership = new Membership(this.workers, this, (body) => this.collective([], body, false), () => { this.sessionOpen = false; }, this.worldSize);
   }
   private readonly membership?: Membership;  // elastic groups (actors/elastic.ts): who serves, leaving, replacing
   /** 'degraded' while ranks of an elastic group are out; 'failed' once a rank of another group failed; else 'ready'. */
   get state(): 'ready' | 'degraded' | 'failed' | 'destroyed' {
     if (this.destroying) return 'destroyed';
-    return this.membership ? (this.membership.degraded ? 'degraded' : 'ready') : this.ranks.some((h) => h.error) ? 'failed' : 'ready';
+    return this.membership ? (this.membership.broken ? 'failed' : this.membership.degraded ? 'degraded' : 'ready') : this.ranks.some((h) => h.error) ? 'failed' : 'ready';
   }
   /** The global ids of the ranks serving now, ascending: all of them, but those that left an elastic group. */
   get liveRanks(): number[] {
@@ -151,6 +151,7 @@ export class Group extends EventEmitter<GroupEvents> {
   /** The world's connections report lost processes and the failures of other processes' ranks. */
   private watchWorld(rv: Rendezvous): void {
     this.rv = rv;
+    if (this.membership) return this.membership.watch(rv);  // elastic: the ranks of other processes leave
     rv.onPeerLost((lost) => {
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++)
         this.workers.failedElsewhere(g, new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g }), true);
@@ -163,7 +164,7 @@ export class Group extends EventEmitter<GroupEvents> {
   private collective<T>(states: readonly string[], body: () => Promise<T>, settle = true, ended?: () => RankflowError | undefined): Promise<T> {
     const run = async (): Promise<T> => {
       if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
-      if (settle) await this.membership?.settle();  // a rank left: the survivors re-form first
+      if (settle) await this.membership?.beforeOp();  // a rank left: the survivors re-form first
       for (const gone of [ended?.()]) if (gone) throw gone;  // what the re-forming ended (an AGRS session) says so
       for (const h of this.ranks) {
         if (states.length === 0 || !this.workers.serves(h.rank - this.rankOffset)) continue;
@@ -173,7 +174,7 @@ export class Group extends EventEmitter<GroupEvents> {
           throw new RankflowError('STATE', `${why} (rank ${h.rank} is in state '${h.state}'; this operation needs ${states.join(' or ')})`, { rank: h.rank, state: h.state });
         }
       }
-      return body();
+      return this.membership && settle ? this.membership.counted(body) : body();
     };
     const p = this.queue.then(run, run);
     this.queue = p.then(() => {}, () => {});  // not p.catch(): that would keep the last result alive
@@ -286,8 +287,7 @@ export class Group extends EventEmitter<GroupEvents> {
   /** @internal */ sessionCollective<T>(body: (all: Ranks['all']) => Promise<T>, ended?: () => RankflowError | undefined): Promise<T> {
     return this.collective(['session.open'], () => body(this.workers.all.bind(this.workers)), true, ended);
   }
-  /** @internal */ get sessionIsOpen(): boolean { return this.sessionOpen; }
-  /** @internal */ set sessionIsOpen(v: boolean) { this.sessionOpen = v; }
+  /** @internal */ get sessionIsOpen(): boolean { return this.sessionOpen; } set sessionIsOpen(v: boolean) { this.sessionOpen = v; }
   /** @internal */ get disposedOrFailed(): boolean { return this.destroying || this.ranks.some((h) => h.error !== undefined); }
 
   engramWrite(storages: Tensor[]): Promise<void> {

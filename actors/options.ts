@@ -95,7 +95,7 @@ export function planGroup(opts: GroupOptions): GroupPlan {
   }
   if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
     throw invalid('observers', 'must be an array of objects with attach(group)');
-  const elastic = checkElastic(opts.elastic, world !== undefined, ranksPerNode < worldSize);
+  const elastic = checkElastic(opts.elastic, backend, world !== undefined, ranksPerNode < worldSize);
   const firstSeq = checkTestFirstSeq(config.testFirstSeq);
   const signal = checkSignal('signal', opts.signal);
   if (signal?.aborted) throw abortError('createGroup', signal);
@@ -142,11 +142,13 @@ function checkTimeout(name: string, v: unknown): number {
   return v;
 }
 
-/** `elastic`: a boolean; true only where it is implemented (either backend, the ranks of one process, one node). */
-function checkElastic(v: unknown, world: boolean, nodes: boolean): boolean {
+/** `elastic`: a boolean; true only where it is implemented (either backend in one process; a world of processes on host; one node). */
+function checkElastic(v: unknown, backend: Backend, world: boolean, nodes: boolean): boolean {
   if (v === undefined || v === false) return false;
   if (v !== true) throw invalid('elastic', `must be a boolean (got ${String(v)})`);
-  if (world) throw invalid('elastic', "is supported for the ranks of one process only (no world: rejoin across processes is not implemented yet)");
+  if (world && backend !== 'host')
+    throw invalid('elastic', `across processes (world) is supported on backend 'host' only (this group resolved to backend '${backend}'): ` +
+      "on cuda, keep an elastic group's ranks in one process, or leave elastic off");
   if (nodes) throw invalid('elastic', 'is supported within one node only (ranksPerNode below the world size: the scale-out legs do not mask ranks yet)');
   return true;
 }

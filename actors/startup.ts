@@ -12,8 +12,9 @@ import type { BufferConfig } from './core/validate.js';
 import { exchangeSegments, meetWorld, worldWaitMs, type WorldOptions } from './world/join.js';
 import { ncclHostIdFor, railIds } from './world/nccl.js';
 import { connectScaleOut } from './world/scaleout.js';
-import type { Rendezvous } from './world/rendezvous.js';
-import type { RankInit } from '../workers/protocol.js';
+import type { ElasticRendezvous, RejoinedAt, Rendezvous } from './world/rendezvous.js';
+import type { Membership, RankInit } from '../workers/protocol.js';
+import { rejoinSegments } from './elastic-join.js';
 import { localGpuIds, type GroupOptions, type GroupPlan } from './options.js';
 import { cutShort, type RankHandle, type Ranks } from './ranks.js';
 
@@ -48,15 +49,26 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
     withHost: (g.buffer.cpuBytes ?? 0) > 0, timeoutMs: waitMs, localRanks: g.size,
     gpus: g.backend === 'cuda' ? localGpuIds(g.size, g.rankOffset, t.devices) : [],
     ...(g.opts.ranksPerNode !== undefined ? { ranksPerNode: g.opts.ranksPerNode } : {}),
-    ...(g.signal ? { signal: g.signal } : {}),
+    ...(g.signal ? { signal: g.signal } : {}), ...(t.elastic ? { elastic: true } : {}),
   }) : undefined;
   if (met && g.destroying()) {  // torn down (aborted) while the world formed: its connections go too
     await met.rv.close();
     throw new RankflowError('STATE', 'the group was destroyed while its world formed');
   }
+  if (g.world?.rejoin && !t.elastic) {
+    await met!.rv.close();
+    throw new RankflowError('EINVAL', 'world.rejoin: needs elastic: true (a rejoin takes back a range that left an elastic world)');
+  }
   if (met) g.watchWorld(met.rv);
+  // A rejoining process starts at the survivors' numbers, in their membership (elastic-join.ts).
+  const rejoined = (met?.rv as ElasticRendezvous | undefined)?.rejoined;
+  const firstSeq = rejoined?.seq ?? t.firstSeq;
   const ranksPerNode = met?.nodes.ranksPerNode ?? t.ranksPerNode;
   const scaleOut = (met?.nodes.count ?? 1) > 1;
+  if (scaleOut && t.elastic) {
+    await met!.rv.close();
+    throw new RankflowError('EINVAL', 'elastic: is supported within one node only (this world spans nodes by world.nodeId: the scale-out legs do not mask ranks yet)');
+  }
   // Ranks of this process that share a GPU split its SMs between them, and make no world
   // communicator: NCCL refuses two ranks of one communicator on one GPU. Across nodes each rank makes
   // its rail's, which holds no other rank of its node, so ranks sharing a GPU make theirs too.
@@ -71,7 +83,8 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
     const init: RankInit = {
       rank: g.rankOffset + r, worldSize: g.worldSize, ranksPerNode, groupId: g.id, buffer: g.buffer,
       cpuSeconds: t.cpuSeconds, gpuSeconds: t.gpuSeconds, inspect: typeof g.opts.inspect === 'function',
-      backend: g.backend, abort, runAbort, traffic: new SharedArrayBuffer(TRAFFIC.bytes), ...(t.firstSeq ? { firstSeq: t.firstSeq } : {}),
+      backend: g.backend, abort, runAbort, traffic: new SharedArrayBuffer(TRAFFIC.bytes), ...(firstSeq ? { firstSeq } : {}),
+      ...(rejoined ? { membership: membershipOf(rejoined, g.worldSize) } : {}),
       tuning: {
         ceMinBytes: config.ceMinBytes, cooperative: config.cooperative, graphLaunch: config.graphLaunch, fusedDispatch: config.fusedDispatch,
         ...(config.ncclHome ? { ncclHome: config.ncclHome } : {}),
@@ -80,7 +93,7 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
       ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl } : {}),
       ...(scaleOut ? { scaleOut } : {}), ...(t.elastic ? { elastic: true } : {}),
     };
-    g.ranks[r]!.seq = t.firstSeq;
+    g.ranks[r]!.seq = firstSeq;
     g.workers.spawn(r, init);
   }
   const exported = await Promise.all(g.ranks.map((_, r) => g.workers.call(r, (api) => api.exported())));
@@ -96,7 +109,9 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
     await g.workers.all((api) => api.register(peers));
     return sizes;
   }
-  const joined = await exchangeSegments(met, g.world, exported, waitMs, g.signal);
+  const joined = rejoined
+    ? { ...(await rejoinSegments(met.rv as ElasticRendezvous, rejoined, exported, waitMs)), rv: met.rv }
+    : await exchangeSegments(met, g.world, exported, waitMs, g.signal);
   if (g.destroying()) {  // torn down (aborted) while the world formed
     loadAddon().closeFds(joined.received);
     throw new RankflowError('STATE', 'the group was destroyed while its world formed');
@@ -128,4 +143,11 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
   } finally {
     loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)
   }
+}
+
+/** The membership a rejoining process's ranks start in (its table's). */
+function membershipOf(at: RejoinedAt, worldSize: number): Membership {
+  const mask = BigInt(`0x${at.mask}`);
+  const live = Array.from({ length: worldSize }, (_, g) => g).filter((g) => ((mask >> BigInt(g)) & 1n) === 1n);
+  return { mask, epoch: at.epoch, live, sessions: at.sessions };
 }

@@ -9,6 +9,7 @@
 //   and a healthy elastic group against a group that is not elastic (the option's own cost).
 // Writes bench/results/elastic-host-<date>.json with its provenance (date, commit, machine, uname -a,
 // the CPU model, the command).
+// Across processes (a world, a process SIGKILLed): bench/elastic-world.ts.
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
 import os from 'node:os';

@@ -52,6 +52,7 @@ function rendezvous(peers: RendezvousPeer[], self: number, others: unknown[]): R
       sent.push(value);
       return others.map((o, i) => (i === self ? value : o)) as T[];
     },
+    exchangeAmongLive: () => Promise.reject(new Error('not an elastic world')),
     onPeerLost: () => () => {},
     announceFailure: () => {},
     onRankFailed: () => () => {},

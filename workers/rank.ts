@@ -101,7 +101,7 @@ const api = {
     forgetAfterRecovery(ops);
   },
   /** Elastic: rank `peer`'s replacement joins (its window mapped, a barrier with it). */
-  rejoin(peer: number, segments: { deviceFd: number; hostFd: number }, m: Membership): void {
+  rejoin(peer: number | number[], segments: { deviceFd: number; hostFd: number } | Array<{ deviceFd: number; hostFd: number }>, m: Membership): void {
     lifecycle.rejoin(peer, segments, m);
   },
   /** A peer is gone (the main thread already raised the abort words): the machine records it. */

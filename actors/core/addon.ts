@@ -91,7 +91,7 @@ export interface NativeContext {
   /** elastic: recover to the group's numbers and go on with the ranks of liveMask (bit p: rank p) */
   remask(seq: number, sessionCount: number, liveMask: bigint, epoch: number): void;
   /** elastic: rank `peer`'s replacement is mapped over its window and joins (a barrier with it) */
-  rejoin(peer: number, segments: { deviceFd: number; hostFd: number }, liveMask: bigint, epoch: number): void;
+  rejoin(peers: number | number[], segments: { deviceFd: number; hostFd: number } | Array<{ deviceFd: number; hostFd: number }>, liveMask: bigint, epoch: number): void;
   readWindow(offset: number, length: number): Uint8Array;
   writePeer(peer: number, offset: number, bytes: Uint8Array): bigint;
   destroy(): void;

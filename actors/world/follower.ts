@@ -14,7 +14,8 @@ import { abortError, sleepUnless } from '../core/abort.js';
 import { FollowerAuth, isLoopbackHost } from './auth.js';
 import { AUTHENTICATED, Channel, UNAUTHENTICATED } from './channel.js';
 import { describeMissing, errorProblem, rangesProblem, refusedProblem, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
-import type { Forming, Rendezvous, RendezvousPeer } from './rendezvous.js';
+import type { Forming, RejoinedAt, Rendezvous, RendezvousPeer } from './rendezvous.js';
+import { rejoinedProblem, toRejoined } from './rejoin.js';
 import { FollowerSession } from './session.js';
 
 const debug = debuglog('rankflow');
@@ -38,7 +39,7 @@ export async function follow(self: Join, f: Forming): Promise<Rendezvous> {
     if (left <= 0) break;
     attempts++;
     const outcome = await tryOnce(self, f, (missing, refused) => ((lastMissing = missing), (lastRefused = refused)));
-    if (outcome.kind === 'table') return new FollowerSession(outcome.peers, outcome.channel, self, timeoutMs, where);
+    if (outcome.kind === 'table') return new FollowerSession(outcome.peers, outcome.channel, self, timeoutMs, where, outcome.rejoined);
     if (outcome.kind === 'error') throw outcome.error;
     lastError = outcome.reason;
     if (outcome.auth) {
@@ -66,7 +67,7 @@ export async function follow(self: Join, f: Forming): Promise<Rendezvous> {
 }
 
 type Attempt =
-  | { kind: 'table'; peers: RendezvousPeer[]; channel: Channel }
+  | { kind: 'table'; peers: RendezvousPeer[]; channel: Channel; rejoined?: RejoinedAt }
   | { kind: 'error'; error: RankflowError }
   | { kind: 'retry'; reason: string; auth?: true };
 
@@ -123,11 +124,12 @@ function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: s
         if (problem) return invalid('error', problem);
         settle({ kind: 'error', error: new RankflowError(m.code as never, m.message as string, m.rank === undefined ? undefined : { rank: m.rank as number }) });
       } else if (m.t === 'table') {
-        const problem = tableProblem(m.peers, self);
+        const problem = tableProblem(m.peers, self) ??
+          (self.rejoin ? rejoinedProblem(m.rejoined, self.worldSize) : m.rejoined !== undefined ? 'a table of a rejoin, to a process that joins' : undefined);
         if (problem) return invalid('table', problem);
         // Whatever follows the table in the same chunk (a loss, say) is the session's to handle.
         ch.hold();
-        settle({ kind: 'table', peers: m.peers as RendezvousPeer[], channel: ch });
+        settle({ kind: 'table', peers: m.peers as RendezvousPeer[], channel: ch, ...(self.rejoin ? { rejoined: toRejoined(m.rejoined as Record<string, unknown>) } : {}) });
       } else {
         invalid('message', `${JSON.stringify(m.t).slice(0, 40)} before the table`);
       }

@@ -28,16 +28,20 @@ export interface WorldOptions {
   token?: string;
   /** which node this process is on (default: this host's id, host-id.ts) */
   nodeId?: string;
+  /** an elastic world's process that takes back a range that left (API.md; world/rejoin.ts) */
+  rejoin?: boolean;
 }
 
 /** Every key of createGroup's `world`. */
-export const WORLD_KEYS = keysOf<WorldOptions>()(['size', 'rankOffset', 'rendezvous', 'token', 'nodeId']);
+export const WORLD_KEYS = keysOf<WorldOptions>()(['size', 'rankOffset', 'rendezvous', 'token', 'nodeId', 'rejoin']);
 
 /** The world options checked, with the token and nodeId defaults filled in. */
 export function checkWorld(w: unknown, localRanks: number): WorldOptions {
   if (w === null || typeof w !== 'object') throw invalid('world', 'must be { size, rankOffset, rendezvous, token?, nodeId? }');
   checkKnownKeys('world', w, WORLD_KEYS);
-  const { size, rankOffset, rendezvous: url, token: given, nodeId: named } = w as WorldOptions;
+  const { size, rankOffset, rendezvous: url, token: given, nodeId: named, rejoin } = w as WorldOptions;
+  if (rejoin !== undefined && typeof rejoin !== 'boolean') throw invalid('world.rejoin', `must be a boolean (got ${String(rejoin)})`);
+  if (rejoin === true && rankOffset === 0) throw invalid('world.rejoin', 'cannot be set with rankOffset 0: the leader holds the rendezvous, and an elastic world does not outlive it');
   if (!Number.isInteger(size) || size < 1 || size > 64) throw invalid('world.size', `must be an integer in [1, 64] (got ${String(size)})`);
   if (!Number.isInteger(rankOffset) || rankOffset < 0 || rankOffset + localRanks > size)
     throw invalid('world.rankOffset', `(${String(rankOffset)}) + ranks (${localRanks}) must fit in world.size (${size})`);
@@ -57,7 +61,7 @@ export function checkWorld(w: unknown, localRanks: number): WorldOptions {
   const nodeId = named ?? hostId();
   const problem = nodeIdProblem(nodeId);
   if (problem) throw invalid('world.nodeId', problem);
-  return { size, rankOffset, rendezvous: url, nodeId, ...(token !== undefined ? { token } : {}) };
+  return { size, rankOffset, rendezvous: url, nodeId, ...(token !== undefined ? { token } : {}), ...(rejoin === true ? { rejoin } : {}) };
 }
 
 /**
@@ -95,7 +99,7 @@ interface Payload { fdSocket: string; config: string; withHost: boolean; gpus: s
 const FD_SOCKET = /^@rankflow-\d+-[0-9a-f]{8}$/;
 const GPU_UUID = /^GPU-[0-9a-f-]{36}$/;
 
-function payloadOf(p: RendezvousPeer): Payload {
+export function payloadOf(p: RendezvousPeer): Payload {
   const { fdSocket, config, withHost, gpus } = p.payload;
   if (typeof fdSocket !== 'string' || !FD_SOCKET.test(fdSocket) || !isText(config, 8192) || typeof withHost !== 'boolean' ||
       !Array.isArray(gpus) || gpus.length > 64 || !gpus.every((g) => typeof g === 'string' && GPU_UUID.test(g)))
@@ -112,7 +116,7 @@ function payloadOf(p: RendezvousPeer): Payload {
  */
 export async function meetWorld(
   w: WorldOptions,
-  opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; localRanks: number; signal?: AbortSignal },
+  opts: { config: string; withHost: boolean; timeoutMs: number; gpus?: string[]; ranksPerNode?: number; localRanks: number; signal?: AbortSignal; elastic?: boolean },
 ): Promise<MetWorld> {
   const gpus = opts.gpus ?? [];
   const payload: Payload = { fdSocket: `@rankflow-${process.pid}-${randomUUID().slice(0, 8)}`, config: opts.config, withHost: opts.withHost, gpus };
@@ -120,6 +124,7 @@ export async function meetWorld(
     url: w.rendezvous, worldSize: w.size, rankOffset: w.rankOffset, localRanks: opts.localRanks, payload: { ...payload }, timeoutMs: opts.timeoutMs,
     ...(w.token !== undefined ? { token: w.token } : {}), ...(w.nodeId !== undefined ? { nodeId: w.nodeId } : {}),
     ...(opts.signal !== undefined ? { signal: opts.signal } : {}),
+    ...(opts.elastic === true ? { elastic: true } : {}), ...(w.rejoin === true ? { rejoin: true } : {}),
   });
   try {
     if (opts.signal?.aborted) throw abortError(`rendezvous at ${w.rendezvous}`, opts.signal);

@@ -9,7 +9,8 @@
 // that does not fit (malformed, another world size, a range already taken, ...) is refused, and
 // only that process is told why (it fails with EINVAL); the timeout's message names the refused
 // joins and counts the failed authentications, so a misconfigured world is still explained.
-// Every drop is logged (NODE_DEBUG=rankflow) and reported to `onDropped`.
+// Every drop is logged (NODE_DEBUG=rankflow) and reported to `onDropped`. An elastic world's leader
+// keeps listening after the table: an authenticated join then is a rejoin, the session's (rejoin.ts).
 import net from 'node:net';
 import { debuglog } from 'node:util';
 
@@ -73,6 +74,7 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
     const refusals: string[] = [];
     let authFailures = 0;
     let failure: { code: RankflowErrorCode; message: string; rank?: number } | undefined;
+    let formed: LeaderSession | undefined;  // an elastic world's, once the table went out
 
     const missing = (): Range[] => gaps([...arrived.values()], self.worldSize);
     // For reports: processes that came and left (gave up first, crashed) did arrive; naming them
@@ -149,6 +151,7 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
       const problem = entryProblem(m, m.worldSize);
       if (problem) return problem;
       const j = m as unknown as Join;
+      if (m.rejoin !== undefined) return 'it rejoins (world.rejoin), but the world has not formed yet: a rejoin takes back a range that left a formed world';
       if (j.worldSize !== self.worldSize) return `world sizes disagree: ${who(self)} says worldSize ${self.worldSize}, ${who(j)} says ${j.worldSize}`;
       for (const other of arrived.values()) if (overlaps(rangeOf(other), rangeOf(j))) return `rank ranges overlap: ${who(other)} and ${who(j)}`;
       return undefined;
@@ -167,6 +170,11 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
         ch.setLimits(AUTHENTICATED);
         ch.send(answer.proof);
         return;
+      }
+      if (formed) {
+        waiting.delete(ch);
+        clearTimeout(w.timer);
+        return formed.offerRejoin(ch, m);
       }
       if (m.t !== 'join') return dismiss(ch, `sent ${quote(m.t)} instead of a join`);
       if (failure) return dismiss(ch, 'joined after the rendezvous failed (told why)', { t: 'error', ...failure });
@@ -211,9 +219,16 @@ export async function lead(self: Join, f: Forming): Promise<Rendezvous> {
       const entries = [...arrived.entries()].sort((a, b) => a[1].rankOffset - b[1].rankOffset);
       const peers = entries.map(([, j]) => toPeer(j));
       broadcast({ t: 'table', peers });
-      closeServer('the world formed without it');
       const channels = entries.map(([ch]) => (ch === 'self' ? undefined : ch));
-      resolve(new LeaderSession(peers, channels, timeoutMs, where, address));
+      const session = new LeaderSession(peers, channels, timeoutMs, where, address);
+      if (f.elastic) {
+        formed = session;
+        session.door = { close: () => closeServer('the world closed') };
+        server.unref();  // listening for rejoins does not keep the process alive
+      } else {
+        closeServer('the world formed without it');
+      }
+      resolve(session);
     };
     // A world of one process (localRanks == worldSize) is complete before anyone connects.
     maybeFinish();

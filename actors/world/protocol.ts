@@ -3,7 +3,7 @@
 // processes and rank ranges in messages. A socket is never trusted, not even an authenticated one:
 // a member with a bug must be dropped with a reason, not crash or stall the others.
 import { RankflowError, type RankflowErrorCode } from '../core/errors.js';
-import type { RunRelease, RankFailure, RendezvousPeer } from './rendezvous.js';
+import type { RejoinedAt, RunRelease, RankFailure, RendezvousPeer } from './rendezvous.js';
 
 export const PROTOCOL = 'rankflow-rendezvous/2';
 
@@ -37,6 +37,8 @@ export interface Join {
   hostId: string;
   nodeId: string;
   pid: number;
+  /** an elastic world's process taking a range that left back (world.rejoin; actors/world/rejoin.ts) */
+  rejoin?: true;
 }
 
 export type Message =
@@ -46,7 +48,7 @@ export type Message =
   | { t: 'denied' }
   | Join
   | { t: 'status'; missing: Range[]; refused: string[] }
-  | { t: 'table'; peers: RendezvousPeer[] }
+  | { t: 'table'; peers: RendezvousPeer[]; rejoined?: RejoinedAt }
   | { t: 'error'; code: RankflowErrorCode; message: string; rank?: number }
   | { t: 'x'; seq: number; value: unknown }
   | { t: 'xall'; seq: number; values: unknown[] }
@@ -54,6 +56,13 @@ export type Message =
   | { t: 'lost'; index: number; reason: string }
   | { t: 'failed'; from: number; failure: RankFailure }
   | { t: 'released'; from: number; release: RunRelease }
+  | { t: 'lx'; seq: number; value: unknown }
+  | { t: 'lxall'; seq: number; values: unknown[] }
+  | { t: 'jx'; seq: number; value: unknown }
+  | { t: 'jxall'; seq: number; values: unknown[] }
+  | { t: 'rejoining'; index: number; peer: RendezvousPeer }
+  | { t: 'revived'; index: number }
+  | { t: 'rejoinEnded'; index: number; reason: string }
   | { t: 'bye' };
 
 /** What a Channel delivers: a JSON object with a string `t`, and nothing else known yet. */

@@ -42,6 +42,10 @@ export interface RendezvousOptions {
    * joined it that it gave up (they fail with RANK_FAILED naming rank 0); a follower says bye.
    */
   signal?: AbortSignal;
+  /** An elastic world: the leader admits rejoins after the table (world/rejoin.ts). */
+  elastic?: boolean;
+  /** This process takes back a range that left an elastic world (world.rejoin). */
+  rejoin?: boolean;
 }
 
 /** A connection the leader let go without admitting it to the world: a stranger, or a join it refused. */
@@ -110,9 +114,14 @@ export interface Rendezvous {
   /**
    * All-gather: every process calls it with its value, in the same order; resolves with the
    * values of all processes in `peers` order. Values cross as JSON (undefined becomes null), at
-   * most exchangeLimit(peers.length) bytes each (session.ts; ~64 KiB in a world of 64).
+   * most exchangeLimit(peers.length) bytes each (session-base.ts; ~64 KiB in a world of 64).
    */
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
+  /**
+   * The survivors' all-gather of an elastic world (live-exchange.ts): among the processes not lost,
+   * whose entries are null; fails only when the leader is lost, on close, or on its timeout.
+   */
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
   /**
    * Called once per process that disappears without `close()` (crash, kill, network, or a
    * message that breaks the protocol). Losses that happened before registration are replayed.
@@ -134,6 +143,44 @@ export interface Rendezvous {
   close(): Promise<void>;
 }
 
+/** Where a rejoining process starts (the leader's table for it, world/rejoin.ts): the survivors' membership and counts. */
+export interface RejoinedAt {
+  /** the live mask with its range, hex */
+  mask: string;
+  epoch: number;
+  sessions: number;
+  /** the sequence number its ranks start at */
+  seq: number;
+  /** the group ops the survivors had started (actors/elastic-join.ts) */
+  started: number;
+  /** the survivors' exchanges so far, of each kind (live-exchange.ts) */
+  liveSeq: number;
+  joinSeq: number;
+}
+
+/** A range that left an elastic world is being taken back by a new process (world/rejoin.ts). */
+export interface Rejoining {
+  /** its index in `peers` (the lost process's) */
+  index: number;
+  peer: RendezvousPeer;
+}
+
+/** What an elastic world's session adds (actors/elastic-join.ts): the rejoins. */
+export interface ElasticRendezvous extends Rendezvous {
+  /** A second survivors' exchange, numbered apart: the rejoins' agreements. */
+  exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
+  /** Every process: a rejoin began (`rejoining`), or ended before the rejoiner served (`ended`). */
+  onRejoin(l: { rejoining(r: Rejoining): void; ended(index: number, reason: string): void }): void;
+  /** The leader: sends the rejoiner its table at `at` and takes it back into the world (its index is no longer lost). */
+  admitRejoin?(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void;
+  /** The leader: the rejoin in progress (of the process `pid`, if given) ends without the rejoiner (told `reason`). */
+  endRejoin?(reason: string, pid?: number): void;
+  /** The rejoins' exchanges made so far (a join's fd sockets are named for it: elastic-join.ts). */
+  readonly joinsAt: number;
+  /** A rejoining process's: where it starts. */
+  readonly rejoined?: RejoinedAt;
+}
+
 /** What leader.ts and follower.ts need to form a world. */
 export interface Forming {
   host: string;
@@ -146,6 +193,8 @@ export interface Forming {
   where: string;
   onDropped?: (d: DroppedConnection) => void;
   signal?: AbortSignal;
+  /** an elastic world: the leader keeps listening after the table, for rejoins (world/rejoin.ts) */
+  elastic?: boolean;
 }
 
 /** Meets the other processes of the world; see the file header. */
@@ -161,6 +210,7 @@ export async function rendezvous(opts: RendezvousOptions): Promise<Rendezvous> {
     hostId,
     nodeId: opts.nodeId ?? hostId,
     pid: process.pid,
+    ...(opts.rejoin === true ? { rejoin: true as const } : {}),
   };
   const forming: Forming = {
     host,
@@ -171,7 +221,10 @@ export async function rendezvous(opts: RendezvousOptions): Promise<Rendezvous> {
     where: `rendezvous at ${opts.url}`,
     onDropped: opts.onDropped,
     ...(opts.signal !== undefined ? { signal: opts.signal } : {}),
+    ...(opts.elastic === true ? { elastic: true } : {}),
   };
+  if (opts.rejoin === true && opts.rankOffset === 0)
+    throw new RankflowError('EINVAL', 'rendezvous: rankOffset 0 is the leader, which cannot rejoin: an elastic world does not outlive its leader');
   return opts.rankOffset === 0 ? lead(self, forming) : follow(self, forming);
 }
 

@@ -1,138 +1,34 @@
 // A formed world's connections, after the table: `exchange` (an all-gather of small JSON values
 // through the leader), loss detection, failure relay (a star: the leader passes each follower's
 // announcements on), and close. The leader's side and a follower's side implement one abstract
-// Session. Every message is checked before it is acted on; a peer that breaks the protocol is
+// Session (session-base.ts). Every message is checked before it is acted on; a peer that breaks the protocol is
 // cut off, and reported lost with what it sent.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
+import { FollowerLive, LeaderLive, REJOIN } from './live-exchange.js';
 import {
-  LIMITS, errorProblem, failureProblem, isInt, isText, jsonBytes, quote, releaseProblem, toFailure, toRelease, toWire, who,
-  type Join, type Message,
+  LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who,
+  type Incoming, type Join, type Message,
 } from './protocol.js';
-import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
+import type { ElasticRendezvous, RankFailure, RejoinedAt, Rejoining, RendezvousPeer, RunRelease } from './rendezvous.js';
+import { rejoinProblem } from './rejoin.js';
+import { Session, exchangeLimit, type PendingExchange } from './session-base.js';
 
 // How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
 // one ahead (it cannot finish #n without the leader's value for #n).
 const MAX_SEQ_AHEAD = 16;
 
-/** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
-export function exchangeLimit(processes: number): number {
-  return Math.floor((LIMITS.lineBytes - (64 << 10)) / processes);
-}
+type RejoinListener = Parameters<ElasticRendezvous['onRejoin']>[0];
 
-interface PendingExchange {
-  values: unknown[];
-  have: boolean[];
-  settle?: { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout };
-}
-
-abstract class Session implements Rendezvous {
-  abstract readonly localAddress: string;
-  abstract readonly leaderAddress: string;
-  protected seq = 0;
-  protected closed = false;
-  protected readonly lost = new Map<number, PeerLost>();
-  private readonly listeners = new Set<(lost: PeerLost) => void>();
-  private readonly failures: RankFailure[] = [];
-  private readonly failureListeners = new Set<(f: RankFailure) => void>();
-  private readonly releaseListeners = new Set<(r: RunRelease) => void>();
-
-  constructor(
-    readonly peers: readonly RendezvousPeer[],
-    readonly self: number,
-    protected readonly timeoutMs: number,
-    protected readonly where: string,
-  ) {}
-
-  abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
-  abstract close(): Promise<void>;
-  abstract announceFailure(f: RankFailure): void;
-  abstract announceRelease(r: RunRelease): void;
-  protected abstract failPending(error: RankflowError): void;
-
-  onRelease(cb: (r: RunRelease) => void): () => void {
-    this.releaseListeners.add(cb);
-    return () => this.releaseListeners.delete(cb);
-  }
-
-  /** A release another process announced (checked): for this process's listeners. */
-  protected released(r: RunRelease): void {
-    if (this.closed) return;
-    for (const cb of this.releaseListeners) cb(r);
-  }
-
-  /** A release of this process, as it crosses: bounded, as the receivers check it. */
-  protected static releaseWire(r: RunRelease): RunRelease {
-    return { run: r.run, rank: r.rank, above: r.above, message: String(r.message).slice(0, LIMITS.textChars) };
-  }
-
-  onRankFailed(cb: (f: RankFailure) => void): () => void {
-    this.failureListeners.add(cb);
-    for (const f of this.failures) queueMicrotask(() => this.failureListeners.has(cb) && cb(f));
-    return () => this.failureListeners.delete(cb);
-  }
-
-  /** A failure another process announced (checked): for this process's listeners. */
-  protected rankFailed(f: RankFailure): void {
-    if (this.closed) return;
-    this.failures.push(f);
-    for (const cb of this.failureListeners) cb(f);
-  }
-
-  onPeerLost(cb: (lost: PeerLost) => void): () => void {
-    this.listeners.add(cb);
-    for (const l of this.lost.values()) queueMicrotask(() => this.listeners.has(cb) && cb(l));
-    return () => this.listeners.delete(cb);
-  }
-
-  protected markLost(index: number, reason: string): void {
-    if (this.closed || this.lost.has(index) || index === this.self) return;
-    const p = this.peers[index];
-    if (p === undefined) return;
-    const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, nodeId: p.nodeId, reason };
-    this.lost.set(index, l);
-    this.failPending(this.lostError(index));
-    for (const cb of this.listeners) cb(l);
-  }
-
-  protected lostError(index: number): RankflowError {
-    const p = this.peers[index]!;
-    const l = this.lost.get(index);
-    return new RankflowError('RANK_FAILED', `${this.where}: ${who(p)} was lost (${l?.reason ?? 'unknown'})`, {
-      rank: p.rankOffset,
-    });
-  }
-
-  /** This process's value for exchange #seq, as it will cross; EINVAL if it cannot. */
-  protected wire(value: unknown, seq: number): unknown {
-    const wire = toWire(value, `exchange #${seq} value`);
-    const bytes = jsonBytes(wire);
-    const limit = exchangeLimit(this.peers.length);
-    if (bytes > limit)
-      throw new RankflowError('EINVAL', `${this.where}: exchange #${seq} value is ${bytes} bytes of JSON; at most ${limit} in a world of ${this.peers.length} processes`);
-    return wire;
-  }
-
-  /** A failure of a local rank, as it crosses: bounded, as the receivers check it. */
-  protected static failureWire(f: RankFailure): RankFailure {
-    return {
-      rank: f.rank,
-      message: String(f.message).slice(0, LIMITS.textChars),
-      ...(f.phase !== undefined ? { phase: String(f.phase).slice(0, LIMITS.idChars) } : {}),
-    };
-  }
-
-  /** The first error a new exchange must fail with, if any. */
-  protected refuse(): RankflowError | undefined {
-    if (this.closed) return new RankflowError('STATE', `${this.where}: exchange after close()`, { state: 'closed' });
-    const first = this.lost.keys().next();
-    return first.done ? undefined : this.lostError(first.value);
-  }
-}
-
-export class LeaderSession extends Session {
+export class LeaderSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, PendingExchange>();
   private readonly goodbyes = new Set<number>();
+  private readonly live: LeaderLive;
+  private readonly joins: LeaderLive;
+  private rejoining?: { index: number; ch: Channel; join: Join };
+  private readonly rejoinListeners: RejoinListener[] = [];
+  /** an elastic world's rendezvous, still listening for rejoins (leader.ts): closed with the session */
+  door?: { close(): void };
 
   readonly leaderAddress: string;
 
@@ -145,10 +41,15 @@ export class LeaderSession extends Session {
   ) {
     super(peers, channels.indexOf(undefined), timeoutMs, where);
     this.leaderAddress = localAddress;
-    channels.forEach((ch, index) => {
-      if (ch === undefined) return;
-      ch.keepAlive();
-      const peer = peers[index]!;
+    this.live = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs);
+    this.joins = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs, REJOIN);
+    channels.forEach((ch, index) => ch && this.attach(ch, index));
+  }
+
+  /** Follower `index`'s connection: its messages, and its loss. */
+  private attach(ch: Channel, index: number): void {
+    ch.keepAlive();
+    {
       ch.listen(
         (m) => {
           if (m.t === 'x') {
@@ -156,15 +57,18 @@ export class LeaderSession extends Session {
             const bytes = jsonBytes(m.value);
             if (bytes > exchangeLimit(this.peers.length)) return ch.drop(`it sent a ${bytes}-byte exchange value`);
             this.contribute(m.seq, index, m.value);
+          } else if (m.t === 'lx' || m.t === 'jx') {
+            const problem = (m.t === 'lx' ? this.live : this.joins).onMessage(index, m);
+            if (problem) return ch.drop(problem);
           } else if (m.t === 'failed') {
-            const problem = failureProblem(m.failure, peer);
+            const problem = failureProblem(m.failure, this.peers[index]!);
             if (problem) return ch.drop(`it announced an invalid failure: ${problem}`);
             const failure = toFailure(m.failure as Record<string, unknown>);
             // A star: the leader passes a follower's failure on to the other followers.
             this.relay(ch, { t: 'failed', from: index, failure });
             this.rankFailed(failure);
           } else if (m.t === 'released') {
-            const problem = releaseProblem(m.release, peer);
+            const problem = releaseProblem(m.release, this.peers[index]!);
             if (problem) return ch.drop(`it announced an invalid release: ${problem}`);
             const release = toRelease(m.release as Record<string, unknown>);
             this.relay(ch, { t: 'released', from: index, release });
@@ -177,13 +81,64 @@ export class LeaderSession extends Session {
           }
         },
         (reason) => {
-          if (this.goodbyes.has(index) || this.closed) return;
+          if (this.goodbyes.has(index) || this.closed || this.channels[index] !== ch) return;
           const why = `${reason}, seen by the leader`;
           for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'lost', index, reason: why });
           this.markLost(index, why);
+          this.live.recheck();  // the survivors' exchanges that waited only for it
+          this.joins.recheck();
         },
       );
+    }
+  }
+
+  exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
+  }
+  get joinsAt(): number { return this.joins.at; }
+
+  onRejoin(l: RejoinListener): void {
+    this.rejoinListeners.push(l);
+  }
+
+  /** leader.ts: an authenticated connection's join after the table: a rejoin, or refused (rejoin.ts). */
+  offerRejoin(ch: Channel, m: Incoming): void {
+    const last = this.peers[this.peers.length - 1]!;
+    const problem = this.closed ? 'the world is closing' : this.rejoinListeners.length === 0 ? 'the world is not elastic'
+      : rejoinProblem(m, this.peers, new Set(this.lost.keys()), this.rejoining !== undefined, last.rankOffset + last.localRanks);
+    if (problem) return ch.dismiss({ t: 'error', code: 'EINVAL', message: `${this.where}: the leader refused this rejoin: ${problem}` });
+    const j = m as unknown as Join;
+    const join: Join = { t: 'join', worldSize: j.worldSize, rankOffset: j.rankOffset, localRanks: j.localRanks, payload: j.payload, hostId: j.hostId, nodeId: j.nodeId, pid: j.pid };
+    const index = this.peers.findIndex((p) => p.rankOffset === j.rankOffset);
+    this.rejoining = { index, ch, join };
+    ch.listen((later) => ch.drop(`it sent ${quote(later.t)} before its table`), (reason) => {
+      if (this.rejoining?.ch === ch) this.endRejoin(`the rejoining process left (${reason})`);
     });
+    const peer = toPeer(join);
+    for (const c of this.channels) c?.send({ t: 'rejoining', index, peer });
+    for (const l of this.rejoinListeners) l.rejoining({ index, peer });
+  }
+
+  admitRejoin(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void {
+    const r = this.rejoining;
+    if (r === undefined) return;
+    this.rejoining = undefined;
+    (this.peers as RendezvousPeer[])[r.index] = toPeer(r.join);
+    r.ch.send({ t: 'table', peers: [...this.peers], rejoined: { ...at, liveSeq: this.live.at, joinSeq: this.joins.at } });
+    this.lost.delete(r.index);
+    this.goodbyes.delete(r.index);
+    this.channels[r.index] = r.ch;
+    this.attach(r.ch, r.index);
+    for (const c of this.channels) if (c !== r.ch) c?.send({ t: 'revived', index: r.index });
+  }
+
+  endRejoin(reason: string, pid?: number): void {
+    const r = this.rejoining;
+    if (r === undefined || (pid !== undefined && r.join.pid !== pid)) return;
+    this.rejoining = undefined;
+    r.ch.end({ t: 'error', code: 'RANK_FAILED', message: `${this.where}: the rejoin ended: ${reason}`, rank: r.join.rankOffset });
+    for (const c of this.channels) c?.send({ t: 'rejoinEnded', index: r.index, reason: reason.slice(0, LIMITS.textChars) });
+    for (const l of this.rejoinListeners) l.ended(r.index, reason);
   }
 
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
@@ -210,6 +165,10 @@ export class LeaderSession extends Session {
       p.settle = { resolve: resolve as (v: unknown[]) => void, reject, timer };
       this.contribute(seq, this.self, wire);
     });
+  }
+
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
   }
 
   announceFailure(failure: RankFailure): void {
@@ -266,14 +225,22 @@ export class LeaderSession extends Session {
   async close(): Promise<void> {
     if (this.closed) return;
     this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
+    this.live.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
+    this.joins.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
+    this.endRejoin('the world closed');
+    this.door?.close();
     this.closed = true;
     await Promise.all(this.channels.map((ch) => ch?.endAndWait({ t: 'bye' })));
   }
 }
 
-export class FollowerSession extends Session {
+export class FollowerSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, NonNullable<PendingExchange['settle']>>();
   private leaderLeft = false;
+  private readonly live: FollowerLive;
+  private readonly joins: FollowerLive;
+  private rejoining?: Rejoining;
+  private readonly rejoinListeners: RejoinListener[] = [];
   readonly localAddress: string;
   readonly leaderAddress: string;
 
@@ -283,6 +250,7 @@ export class FollowerSession extends Session {
     self: Join,
     timeoutMs: number,
     where: string,
+    readonly rejoined?: RejoinedAt,
   ) {
     super(
       peers,
@@ -293,6 +261,12 @@ export class FollowerSession extends Session {
     this.localAddress = channel.socket.localAddress ?? '';
     this.leaderAddress = channel.socket.remoteAddress ?? '';
     channel.keepAlive();
+    this.live = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs);
+    this.joins = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs, REJOIN);
+    if (rejoined) {
+      this.live.startAt(rejoined.liveSeq);
+      this.joins.startAt(rejoined.joinSeq);
+    }
     const leader = 0;
     channel.listen(
       (m) => {
@@ -302,6 +276,12 @@ export class FollowerSession extends Session {
             return channel.drop(`the leader sent an invalid result for exchange #${quote(m.seq)}`);
           const values = m.values as unknown[];
           this.settle(m.seq, (s) => s.resolve(values));
+        } else if (m.t === 'lxall' || m.t === 'jxall') {
+          const problem = (m.t === 'lxall' ? this.live : this.joins).onMessage(m);
+          if (problem) return channel.drop(problem);
+        } else if (m.t === 'rejoining' || m.t === 'revived' || m.t === 'rejoinEnded') {
+          const problem = this.onRejoinMessage(m);
+          if (problem) return channel.drop(`the leader sent an invalid ${m.t}: ${problem}`);
         } else if (m.t === 'xerr') {
           const problem = isInt(m.seq, 1, this.seq) ? errorProblem(m) : 'no such exchange';
           if (problem) return channel.drop(`the leader sent an invalid error for exchange #${quote(m.seq)}: ${problem}`);
@@ -327,11 +307,50 @@ export class FollowerSession extends Session {
         if (this.closed) return;
         if (this.leaderLeft) {
           this.failPending(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
+          this.live.fail(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
           return;
         }
         this.markLost(leader, `${reason}, seen by ${who(self)}`);
+        this.live.fail(this.lostError(leader));
+        this.joins.fail(this.lostError(leader));
       },
     );
+  }
+
+  /** A rejoin, as the leader tells it: begun (the range of a lost process), its process back in the world, or ended. */
+  private onRejoinMessage(m: Incoming): string | undefined {
+    const i = m.index, was = isInt(i, 1, this.peers.length - 1) ? this.peers[i] : undefined;
+    if (was === undefined || i === this.self) return `index ${quote(i)} is not another follower`;
+    if (m.t === 'rejoining') {
+      const p = m.peer;
+      if (!this.lost.has(i as number) || this.rejoining) return 'not a lost process, or a rejoin is already in progress';
+      const last = this.peers[this.peers.length - 1]!;
+      if (!isObject(p) || entryProblem(p, last.rankOffset + last.localRanks) !== undefined || p.rankOffset !== was.rankOffset || p.localRanks !== was.localRanks)
+        return `peer ${quote(p)} is not an entry for ${who(was)}'s range`;
+      const peer: RendezvousPeer = { rankOffset: was.rankOffset, localRanks: was.localRanks, payload: p.payload as Record<string, unknown>, hostId: p.hostId as string, nodeId: p.nodeId as string, pid: p.pid as number };
+      this.rejoining = { index: i as number, peer };
+      for (const l of this.rejoinListeners) l.rejoining(this.rejoining);
+    } else if (m.t === 'revived') {
+      if (this.rejoining?.index !== i) return 'no such rejoin';
+      (this.peers as RendezvousPeer[])[i as number] = this.rejoining!.peer;
+      this.lost.delete(i as number);
+      this.rejoining = undefined;
+    } else {
+      if (!isText(m.reason, LIMITS.textChars)) return 'reason is not a string of bounded length';
+      if (this.rejoining?.index !== i) return undefined;  // ended before this process heard of it
+      this.rejoining = undefined;
+      for (const l of this.rejoinListeners) l.ended(i as number, m.reason);
+    }
+    return undefined;
+  }
+
+  exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
+  }
+  get joinsAt(): number { return this.joins.at; }
+
+  onRejoin(l: RejoinListener): void {
+    this.rejoinListeners.push(l);
   }
 
   private settle(seq: number, f: (s: NonNullable<PendingExchange['settle']>) => void): void {
@@ -365,6 +384,10 @@ export class FollowerSession extends Session {
     });
   }
 
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
+  }
+
   announceFailure(failure: RankFailure): void {
     if (this.closed || this.leaderLeft) return;
     this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
@@ -386,6 +409,8 @@ export class FollowerSession extends Session {
   async close(): Promise<void> {
     if (this.closed) return;
     this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
+    this.live.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
+    this.joins.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
     this.closed = true;
     await this.channel.endAndWait({ t: 'bye' });
   }

@@ -9,6 +9,8 @@ import { EVENTS } from '../runner.js';
 import type { Membership } from '../protocol.js';
 import type { RankOps } from './index.js';
 
+type Segments = { deviceFd: number; hostFd: number };
+
 export class LifecycleOps {
   constructor(
     private readonly ops: RankOps,
@@ -100,8 +102,8 @@ export class LifecycleOps {
     this.ops.runner.remask(seq, () => this.membership(m, () => this.native.remask(seq, m.sessions, m.mask, m.epoch)));
   }
 
-  /** Elastic: rank `peer`'s replacement joins: REJOIN through the machine (one collective: the barrier with it). */
-  rejoin(peer: number, segments: { deviceFd: number; hostFd: number }, m: Membership): void {
+  /** Elastic: the replacements of `peer` (or of each of several: a world's range) join: REJOIN through the machine (one collective: the barrier with them). */
+  rejoin(peer: number | number[], segments: Segments | Segments[], m: Membership): void {
     this.ops.runner.run(EVENTS.rejoin, () => this.membership(m, () => this.native.rejoin(peer, segments, m.mask, m.epoch)));
     this.ops.engram = null;  // the table went with the old rank (ops/membership.cc): written again before a fetch
   }

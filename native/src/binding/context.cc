@@ -290,17 +290,34 @@ Napi::Value ContextWrap::Remask(const Napi::CallbackInfo& info) {
   return env.Undefined();
 }
 
-// rejoin(peer, { deviceFd, hostFd }, liveMask, epoch): rank peer's replacement is mapped and joins (ops.hpp rejoin).
+// rejoin(peers, segments, liveMask, epoch): the replacements of ranks `peers` (a rank, or an array of
+// them, with one { deviceFd, hostFd } each) are mapped and join (ops.hpp rejoin).
 Napi::Value ContextWrap::Rejoin(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Context& c = ctx(env);
-  const int peer = int(int_arg(info[0], "peer", 0, c.world() - 1));
-  if (!info[1].IsObject()) throw_einval(env, "rejoin needs the replacement's exported segments");
-  const auto o = info[1].As<Napi::Object>();
-  const ExportedSegments seg{int(int_prop(o, "deviceFd", -1, -1, INT32_MAX)), int(int_prop(o, "hostFd", -1, -1, INT32_MAX))};
+  std::vector<int> peers;
+  std::vector<ExportedSegments> segs;
+  const auto segment = [&](const Napi::Value& v) {
+    if (!v.IsObject()) throw_einval(env, "rejoin needs the replacements' exported segments");
+    const auto o = v.As<Napi::Object>();
+    segs.push_back({int(int_prop(o, "deviceFd", -1, -1, INT32_MAX)), int(int_prop(o, "hostFd", -1, -1, INT32_MAX))});
+  };
+  if (info[0].IsArray()) {
+    const auto ranks = info[0].As<Napi::Array>();
+    if (!info[1].IsArray() || info[1].As<Napi::Array>().Length() != ranks.Length() || ranks.Length() > 64)
+      throw_einval(env, "rejoin: one exported segment per joining rank (at most 64 ranks)");
+    const auto list = info[1].As<Napi::Array>();
+    for (uint32_t i = 0; i < ranks.Length(); ++i) {
+      peers.push_back(int(int_arg(ranks.Get(i), "peers[i]", 0, c.world() - 1)));
+      segment(list.Get(i));
+    }
+  } else {
+    peers.push_back(int(int_arg(info[0], "peer", 0, c.world() - 1)));
+    segment(info[1]);
+  }
   const uint64_t mask = mask_arg(info[2]);
   const uint64_t epoch = uint64_t(int_arg(info[3], "epoch", 0, int64_t(1) << 53));
-  guarded(env, [&] { ops::rejoin(c, peer, seg, mask, epoch); });
+  guarded(env, [&] { ops::rejoin(c, peers, segs, mask, epoch); });
   return env.Undefined();
 }
 

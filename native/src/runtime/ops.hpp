@@ -90,9 +90,10 @@ void replay(Context& c, uint64_t graph, int64_t ops);
 // rank recovers to the group's numbers (as after a run's release: recover above) and writes the new
 // membership `mask` (epoch: the group's count of changes) into its workspace, where its ops read it.
 void remask(Context& c, uint64_t seq, uint32_t session_index, uint64_t mask, uint64_t epoch);
-// A replacement of rank `peer` joined: its window is mapped over the old one, the membership gains
-// it, the engram table is forgotten (the replacement's host segment holds none), and a barrier with
-// the replacement (which registers at the same seq) ends it.
-void rejoin(Context& c, int peer, const ExportedSegments& seg, uint64_t mask, uint64_t epoch);
+// Replacements of ranks `peers` joined (one rank's replaceRank, or a process's range rejoining a
+// world): each window is mapped over the old one, the membership gains them, the engram table is
+// forgotten (a replacement's host segment holds none), and one barrier with the replacements (which
+// register at the same seq) ends it.
+void rejoin(Context& c, const std::vector<int>& peers, const std::vector<ExportedSegments>& segs, uint64_t mask, uint64_t epoch);
 
 }  // namespace rankflow::ops

@@ -24,19 +24,25 @@ void remask(Context& c, uint64_t seq, uint32_t session_index, uint64_t mask, uin
   c.live_epoch = epoch;
 }
 
-void rejoin(Context& c, int peer, const ExportedSegments& seg, uint64_t mask, uint64_t epoch) {
+void rejoin(Context& c, const std::vector<int>& peers, const std::vector<ExportedSegments>& segs, uint64_t mask, uint64_t epoch) {
   check_mask(c, mask, "rejoin");
-  RF_CHECK(peer >= 0 && peer < c.world() && peer != c.rank() && rank_live(mask, peer) && !rank_live(c.live_mask, peer), "EINVAL",
-           "rejoin: rank " + std::to_string(peer) + " is not a rank that left the group");
+  RF_CHECK(!peers.empty() && peers.size() == segs.size(), "EINVAL", "rejoin: one exported segment per joining rank, and at least one rank");
+  uint64_t joining = 0;
+  for (const int peer : peers) {
+    RF_CHECK(peer >= 0 && peer < c.world() && peer != c.rank() && rank_live(mask, peer) && !rank_live(c.live_mask, peer) && !rank_live(joining, peer), "EINVAL",
+             "rejoin: rank " + std::to_string(peer) + " is not a rank that left the group");
+    joining |= uint64_t(1) << peer;
+  }
+  RF_CHECK((mask & ~(c.live_mask | joining)) == 0, "EINVAL", "rejoin: the new membership names ranks that neither serve nor join");
   Backend& b = c.backend();
   b.check_alive("rejoin");
-  b.import_peer(peer, seg);
+  for (size_t i = 0; i < peers.size(); ++i) b.import_peer(peers[i], segs[i]);
   b.set_live(mask, epoch);
   c.live_mask = mask;
   c.live_epoch = epoch;
-  // The old rank's table went with it: fetches refuse until the group writes one again.
+  // The old ranks' tables went with them: fetches refuse until the group writes one again.
   c.engram_entries = -1;
-  // The replacement's registration barrier (ops::register_window) has this number too.
+  // The replacements' registration barrier (ops::register_window) has this number too.
   b.barrier(c.next_seq(), false, true);
 }
 

@@ -1,0 +1,122 @@
+// What the leader's and a follower's side of a formed world share (session.ts): the peers, the
+// processes lost, the failures and releases announced and their listeners, the checks of a value
+// before it crosses, and the wire forms of this process's announcements.
+import { RankflowError } from '../core/errors.js';
+import { LIMITS, jsonBytes, toWire, who } from './protocol.js';
+import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
+
+/** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
+export function exchangeLimit(processes: number): number {
+  return Math.floor((LIMITS.lineBytes - (64 << 10)) / processes);
+}
+
+export interface PendingExchange {
+  values: unknown[];
+  have: boolean[];
+  settle?: { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout };
+}
+
+export abstract class Session implements Rendezvous {
+  abstract readonly localAddress: string;
+  abstract readonly leaderAddress: string;
+  protected seq = 0;
+  protected closed = false;
+  protected readonly lost = new Map<number, PeerLost>();
+  private readonly listeners = new Set<(lost: PeerLost) => void>();
+  private readonly failures: RankFailure[] = [];
+  private readonly failureListeners = new Set<(f: RankFailure) => void>();
+  private readonly releaseListeners = new Set<(r: RunRelease) => void>();
+
+  constructor(
+    readonly peers: readonly RendezvousPeer[],
+    readonly self: number,
+    protected readonly timeoutMs: number,
+    protected readonly where: string,
+  ) {}
+
+  abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
+  abstract exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
+  abstract close(): Promise<void>;
+  abstract announceFailure(f: RankFailure): void;
+  abstract announceRelease(r: RunRelease): void;
+  protected abstract failPending(error: RankflowError): void;
+
+  onRelease(cb: (r: RunRelease) => void): () => void {
+    this.releaseListeners.add(cb);
+    return () => this.releaseListeners.delete(cb);
+  }
+
+  /** A release another process announced (checked): for this process's listeners. */
+  protected released(r: RunRelease): void {
+    if (this.closed) return;
+    for (const cb of this.releaseListeners) cb(r);
+  }
+
+  /** A release of this process, as it crosses: bounded, as the receivers check it. */
+  protected static releaseWire(r: RunRelease): RunRelease {
+    return { run: r.run, rank: r.rank, above: r.above, message: String(r.message).slice(0, LIMITS.textChars) };
+  }
+
+  onRankFailed(cb: (f: RankFailure) => void): () => void {
+    this.failureListeners.add(cb);
+    for (const f of this.failures) queueMicrotask(() => this.failureListeners.has(cb) && cb(f));
+    return () => this.failureListeners.delete(cb);
+  }
+
+  /** A failure another process announced (checked): for this process's listeners. */
+  protected rankFailed(f: RankFailure): void {
+    if (this.closed) return;
+    this.failures.push(f);
+    for (const cb of this.failureListeners) cb(f);
+  }
+
+  onPeerLost(cb: (lost: PeerLost) => void): () => void {
+    this.listeners.add(cb);
+    for (const l of this.lost.values()) queueMicrotask(() => this.listeners.has(cb) && cb(l));
+    return () => this.listeners.delete(cb);
+  }
+
+  protected markLost(index: number, reason: string): void {
+    if (this.closed || this.lost.has(index) || index === this.self) return;
+    const p = this.peers[index];
+    if (p === undefined) return;
+    const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, nodeId: p.nodeId, reason };
+    this.lost.set(index, l);
+    this.failPending(this.lostError(index));
+    for (const cb of this.listeners) cb(l);
+  }
+
+  protected lostError(index: number): RankflowError {
+    const p = this.peers[index]!;
+    const l = this.lost.get(index);
+    return new RankflowError('RANK_FAILED', `${this.where}: ${who(p)} was lost (${l?.reason ?? 'unknown'})`, {
+      rank: p.rankOffset,
+    });
+  }
+
+  /** This process's value for exchange #seq, as it will cross; EINVAL if it cannot. */
+  protected wire(value: unknown, seq: number): unknown {
+    const wire = toWire(value, `exchange #${seq} value`);
+    const bytes = jsonBytes(wire);
+    const limit = exchangeLimit(this.peers.length);
+    if (bytes > limit)
+      throw new RankflowError('EINVAL', `${this.where}: exchange #${seq} value is ${bytes} bytes of JSON; at most ${limit} in a world of ${this.peers.length} processes`);
+    return wire;
+  }
+
+  /** A failure of a local rank, as it crosses: bounded, as the receivers check it. */
+  protected static failureWire(f: RankFailure): RankFailure {
+    return {
+      rank: f.rank,
+      message: String(f.message).slice(0, LIMITS.textChars),
+      ...(f.phase !== undefined ? { phase: String(f.phase).slice(0, LIMITS.idChars) } : {}),
+    };
+  }
+
+  /** The first error a new exchange must fail with, if any. */
+  protected refuse(): RankflowError | undefined {
+    if (this.closed) return new RankflowError('STATE', `${this.where}: exchange after close()`, { state: 'closed' });
+    const first = this.lost.keys().next();
+    return first.done ? undefined : this.lostError(first.value);
+  }
+}
