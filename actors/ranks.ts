@@ -171,9 +171,11 @@ export class Ranks {
       this.markFailed(t.rank - this.rankOffset, error, t.error.code !== 'RANK_FAILED');
     } else if (t.to === 'masking' && t.error?.rank !== undefined && this.elastic) {
       // A peer it waited for did not answer in time (workers/runner.ts blameTimeout): that peer fails
-      // and leaves, if it still serves (a peer that left already is the usual case here).
+      // and leaves, if it still serves (a peer that left already is the usual case here). A rank of
+      // another process of a world is not this process's to fail: its own process, or its loss, says so.
       const local = t.error.rank - this.rankOffset;
-      if (local !== t.rank - this.rankOffset && this.elastic.serves(local) && !this.handles[local]?.error)
+      const mine = local >= 0 && local < this.handles.length && local !== t.rank - this.rankOffset;
+      if (mine && this.elastic.serves(local) && !this.handles[local]!.error)
         this.markFailed(local, new RankflowError('RANK_FAILED', t.error.message, { rank: t.error.rank, state: this.handles[local]!.state, phase: t.error.phase }));
     }
   }

@@ -92,6 +92,8 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
       },
       ...(t.devices ? { device: t.devices[r]!, deviceShare: share(t.devices[r]!), nccl } : {}),
       ...(scaleOut ? { scaleOut } : {}), ...(t.elastic ? { elastic: true } : {}),
+      // A peer's timeout is that peer's failure where the waiter survives it (host) and the peer is this process's to fail.
+      ...(t.elastic && g.backend === 'host' && !met ? { blamesTimeouts: true } : {}),
     };
     g.ranks[r]!.seq = firstSeq;
     g.workers.spawn(r, init);

@@ -30,6 +30,8 @@ export interface RankInit {
   firstSeq?: number;
   /** createGroup({ elastic: true }): a peer's leaving masks it (machines/rank.ts masking) instead of failing the rank */
   elastic?: boolean;
+  /** elastic, host, one process: a wait that timed out on a peer fails that peer, not this rank (workers/runner.ts blameTimeout) */
+  blamesTimeouts?: boolean;
   /** elastic: a replacement rank starts in the group's membership (its live mask, count of changes, sessions) */
   membership?: Membership;
   /** native tuning from actors/core/config.ts (native code reads no environment variable) */

@@ -51,8 +51,8 @@ const native = new addon.Context({
 
 const runner = new RankRunner(init.rank, {
   cpuSeconds: init.cpuSeconds, gpuSeconds: init.gpuSeconds, firstSeq: init.firstSeq ?? 0, ...(init.elastic ? { elastic: true } : {}),
-  // cuda: a wait that timed out ends the waiter's protocol state (CudaBackend::mark_dead), so it fails itself
-  blamesTimeouts: init.elastic === true && init.backend === 'host',
+  // not on cuda (a wait that timed out ends the waiter's protocol state: CudaBackend::mark_dead), nor in a world
+  blamesTimeouts: init.blamesTimeouts === true,
 }, port, init.inspect);
 const ops = new RankOps(init, native, runner);
 const { lifecycle } = ops;
