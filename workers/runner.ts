@@ -57,10 +57,11 @@ export const failureOf = (e: RankflowError): FailureInfo => ({
 });
 
 /**
- * Elastic groups on host: a wait that timed out on a peer (TIMEOUT_CPU / TIMEOUT_GPU naming it) is that
- * peer's failure, not the waiter's: the peer did not answer, so it leaves (Ranks.onTransition) and
- * the op rejects with RANK_FAILED naming it, the timeout as its cause. Elsewhere (not elastic; cuda,
- * where the timeout ended the waiter's protocol state) the waiter fails, as before.
+ * Elastic groups of one process on host (RankInit.blamesTimeouts): a wait that timed out on a peer
+ * (TIMEOUT_CPU / TIMEOUT_GPU naming it) is that peer's failure, not the waiter's: the peer did not
+ * answer, so it leaves (Ranks.onTransition) and the op rejects with RANK_FAILED naming it, the timeout
+ * as its cause. Elsewhere (not elastic; cuda, where the timeout ended the waiter's protocol state; a
+ * world, where the peer may be another process's) the waiter fails, as before.
  */
 function blameTimeout(e: RankflowError, self: number, blames: boolean): RankflowError {
   if (!blames || (e.code !== 'TIMEOUT_CPU' && e.code !== 'TIMEOUT_GPU') || e.rank === undefined || e.rank < 0 || e.rank === self) return e;
