@@ -133,8 +133,11 @@ export class Membership {
     this.started = at.started;
   }
 
-  /** Before each of the group's ops (group.ts): re-formed if ranks left, a rejoin taken in once its point came, counted. */
-  async beforeOp(): Promise<void> {
+  /**
+   * Before each of the group's ops (group.ts): re-formed if ranks left, a rejoin taken in once its point
+   * came, counted; `ended` (an AGRS session's since()): refused once the membership changed under it.
+   */
+  async beforeOp(ended?: () => RankflowError | undefined): Promise<void> {
     await this.settle();
     if (this.started < this.rejectThrough) {
       this.started++;
@@ -145,6 +148,8 @@ export class Membership {
     await this.joinIfDue(true);
     this.started++;
     if (this.joining?.at === this.started) void this.queue(() => this.joinIfDue(false)).catch(() => {});
+    const gone = ended?.();  // what the re-forming ended (an AGRS session: since()) says so
+    if (gone) throw gone;
   }
 
   /**

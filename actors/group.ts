@@ -164,8 +164,7 @@ export class Group extends EventEmitter<GroupEvents> {
   private collective<T>(states: readonly string[], body: () => Promise<T>, settle = true, ended?: () => RankflowError | undefined): Promise<T> {
     const run = async (): Promise<T> => {
       if (this.destroying) throw new RankflowError('STATE', 'the group is destroyed');
-      if (settle) await this.membership?.beforeOp();  // a rank left: the survivors re-form first
-      for (const gone of [ended?.()]) if (gone) throw gone;  // what the re-forming ended (an AGRS session) says so
+      if (settle) await this.membership?.beforeOp(ended);  // a rank left: the survivors re-form first
       for (const h of this.ranks) {
         if (states.length === 0 || !this.workers.serves(h.rank - this.rankOffset)) continue;
         if (h.error) throw new RankflowError(h.error.code, h.error.message, { rank: h.error.rank ?? h.rank, state: h.state, phase: h.error.phase });
