@@ -27,36 +27,44 @@ function checked(value: unknown, where: string, seq: number): unknown {
   return wire;
 }
 
-/** The leader's side: gathers the values of the processes not lost and hands the result to every one. */
-export class LeaderLive {
-  private seq = 0;
-  private readonly pending = new Map<number, { values: unknown[]; have: boolean[]; waiter?: Waiter }>();
-  private failed?: RankflowError;
+/** What both sides keep: the exchanges' numbering, the failure that ends them, and how one starts. */
+abstract class LiveSide {
+  protected seq = 0;
+  protected failed?: RankflowError;
 
-  constructor(
-    private readonly peers: readonly RendezvousPeer[],
-    private readonly self: number,
-    private readonly isLost: (index: number) => boolean,
-    private readonly broadcast: (m: Message) => void,
-    private readonly where: string,
-    private readonly timeoutMs: number,
-    private readonly kind: LiveKind = REFORM,
-  ) {}
+  constructor(protected readonly where: string, protected readonly timeoutMs: number, protected readonly kind: LiveKind) {}
 
   /** The exchanges made so far (a rejoiner starts its count there). */
   get at(): number {
     return this.seq;
   }
 
-  exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
+  /** The next exchange's number and its value as it goes on the wire; throws why it cannot start (failed, too big). */
+  protected start(value: unknown): { seq: number; wire: unknown } {
     const seq = ++this.seq;
-    if (this.failed) return Promise.reject(this.failed);
-    let wire: unknown;
-    try {
-      wire = checked(value, this.where, seq);
-    } catch (e) {
-      return Promise.reject(e);
-    }
+    if (this.failed) throw this.failed;
+    return { seq, wire: checked(value, this.where, seq) };
+  }
+}
+
+/** The leader's side: gathers the values of the processes not lost and hands the result to every one. */
+export class LeaderLive extends LiveSide {
+  private readonly pending = new Map<number, { values: unknown[]; have: boolean[]; waiter?: Waiter }>();
+
+  constructor(
+    private readonly peers: readonly RendezvousPeer[],
+    private readonly self: number,
+    private readonly isLost: (index: number) => boolean,
+    private readonly broadcast: (m: Message) => void,
+    where: string,
+    timeoutMs: number,
+    kind: LiveKind = REFORM,
+  ) {
+    super(where, timeoutMs, kind);
+  }
+
+  async exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
+    const { seq, wire } = this.start(value);
     return new Promise((resolve, reject) => {
       const p = this.entry(seq);
       const timer = setTimeout(() => {
@@ -120,22 +128,17 @@ export class LeaderLive {
 }
 
 /** A follower's side: sends its value to the leader and waits for the gathered ones. */
-export class FollowerLive {
-  private seq = 0;
+export class FollowerLive extends LiveSide {
   private readonly waiting = new Map<number, Waiter>();
-  private failed?: RankflowError;
 
   constructor(
     private readonly processes: number,
     private readonly send: (m: Message) => void,
-    private readonly where: string,
-    private readonly timeoutMs: number,
-    private readonly kind: LiveKind = REFORM,
-  ) {}
-
-  /** The exchanges made so far. */
-  get at(): number {
-    return this.seq;
+    where: string,
+    timeoutMs: number,
+    kind: LiveKind = REFORM,
+  ) {
+    super(where, timeoutMs, kind);
   }
 
   /** A rejoiner's: the survivors made `seq` exchanges of this kind before it came. */
@@ -143,15 +146,8 @@ export class FollowerLive {
     this.seq = seq;
   }
 
-  exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
-    const seq = ++this.seq;
-    if (this.failed) return Promise.reject(this.failed);
-    let wire: unknown;
-    try {
-      wire = checked(value, this.where, seq);
-    } catch (e) {
-      return Promise.reject(e);
-    }
+  async exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
+    const { seq, wire } = this.start(value);
     return new Promise((resolve, reject) => {
       const timer = setTimeout(() => {
         this.waiting.delete(seq);
