@@ -40,6 +40,8 @@ constexpr int64_t kSignalTagWord = 2;
 // Words 3-5 of an `enter` slot: the addresses a peer reduction (rf_peer_reduce) publishes with its
 // enter: its input, its output, and which of them are offsets into its window (bit 0: input, bit 1:
 // output; else device addresses, valid for peers of its process). Same lifetime as the payload.
+// A combine in pull mode (kernels/combine.cu) publishes its x and its weights' device addresses in
+// words 3 and 4 of its enter slot alike.
 constexpr int64_t kSignalAddrWord = 3;
 RF_HD bool seq_reached(uint64_t slot_seq, uint64_t seq) { return slot_seq >= seq; }
 // The words of the workspace's `live` slot (WorkspaceLayout::live).

@@ -296,7 +296,7 @@ void Launcher::combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_b
   const int blocks = grid_for(k_.combine, kDataThreads, 0, num_sms);
   int split = send_blocks < 0 ? std::max(1, blocks / 3) : send_blocks;  // 1/3: best at 24 and 132 SMs
   const bool flags_fit = a.m.buf.combine_flags + a.m.buf.slots * 8 <= a.m.buf.bytes;
-  if (blocks < 2 || a.r.world < 2 || !flags_fit) split = 0;
+  if (blocks < 2 || a.r.world < 2 || !flags_fit || a.pull != 0) split = 0;  // pull: nothing is sent
   a.send_blocks = std::min(split, blocks - 1);
   launch(k_.combine, "combine", blocks, kDataThreads, 0, s, a, true);
 }
