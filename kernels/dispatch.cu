@@ -9,8 +9,9 @@
 //   buffer over NVLink, already compacted at row offset + index (receive order: source rank, then
 //   token), with scales, local expert ids (-1 elsewhere), weights (0 elsewhere) and the source token.
 //   The last block to finish signals `done` to every rank (itself too); every block waits for all
-//   `done`s, then the grid keeps src_token and weights in the state (for combine) and copies the
-//   outputs out of the buffer when asked to.
+//   `done`s, then the grid keeps the other ranks' rows' src_token and weights in the state (for combine;
+//   my own rows' went into the state with the rows) and copies the outputs out of the buffer when
+//   asked to (alone with the outputs in the buffer, a block ends after its rows).
 // rf_dispatch_fused (a dispatch without a CPU sync, device inputs, outputs in the buffer): the two in
 //   one launch. Block 0 does the notify's counting and talking to the peers; blocks 1.. each route a
 //   run of tokens (notify.cuh, `fused`) and then copy those same tokens, at the offsets the receivers'
@@ -174,10 +175,12 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
         const bool to_p = owner == p;
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.topk_idx))[o * K + lane] = to_p ? e - p * epr : -1;
         reinterpret_cast<float*>(b + uint64_t(m.buf.topk_weights))[o * K + lane] = to_p ? w : 0.0f;
+        if (p == rank) st.recv_topk_weights[o * K + lane] = to_p ? w : 0.0f;  // my own rows' state: now
       }
       if (lane == 0) {
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_token))[o] = int32_t(t);
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_rank))[o] = rank;
+        if (p == rank) st.recv_src_token[o] = int32_t(t);
       }
       for (int i = lane; i < S; i += kWarpSize)
         reinterpret_cast<float*>(b + uint64_t(m.buf.scales))[o * S + i] = in.scales[t * S + i];
@@ -187,17 +190,23 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   // The rows I receive: in the state, or (fused: block 0 may still be writing the state) the sum of
   // the peers' rank counts, read before this block's arrival: after it, a peer that got my `done`
   // may already have given me its next op's count in the same slot.
-  __shared__ int received;
+  __shared__ int received, own_rows;
   if (own_from_counts) {
-    if (tid == 0) received = 0;
+    if (tid == 0) received = 0, own_rows = 0;
     __syncthreads();
     uint64_t n = 0;
-    if (tid < W && ok && rank_live(live, tid) && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n))
+    if (tid < W && ok && rank_live(live, tid) && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n)) {
       atomicAdd(&received, int(n));
+      if (tid == rank) own_rows = int(n);
+    }
   }
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
   if (last_block_arrived(arrivals) && tid < W && rank_live(live, tid) && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
+  // Alone, with the outputs in the buffer, nothing is left once my own rows are stored: their state
+  // went with them. (One rank, 4096 tokens: the wait for the last block's `done` and the state's copy
+  // after it were the op's tail.)
+  if (W == 1 && out.x == nullptr) return;
   ok = true;
   if (tid < W && rank_live(live, tid)) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
   if (!__syncthreads_and(ok)) return;
@@ -209,8 +218,12 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   const int64_t gtid = int64_t(part.block) * blockDim.x + tid;
   const int32_t* rtok = reinterpret_cast<const int32_t*>(b + uint64_t(m.buf.src_token));
   const float* rw = reinterpret_cast<const float*>(b + uint64_t(m.buf.topk_weights));
-  for (int64_t o = gtid; o < num; o += gthreads) st.recv_src_token[o] = rtok[o];
-  for (int64_t i = gtid; i < num * K; i += gthreads) st.recv_topk_weights[i] = rw[i];
+  // The state of the other ranks' rows (mine is there already: [own_lo, own_hi)).
+  const int64_t own_lo = offs[rank], own_hi = own_lo + (own_from_counts ? own_rows : st.recv_offset[rank + 1] - st.recv_offset[rank]);
+  for (int64_t o = gtid; o < num; o += gthreads)
+    if (o < own_lo || o >= own_hi) st.recv_src_token[o] = rtok[o];
+  for (int64_t i = gtid; i < num * K; i += gthreads)
+    if (i < own_lo * K || i >= own_hi * K) st.recv_topk_weights[i] = rw[i];
   if (out.x != nullptr) {
     const char* rx = reinterpret_cast<const char*>(b + uint64_t(m.buf.x));
     char* ox = static_cast<char*>(out.x);
