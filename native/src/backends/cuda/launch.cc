@@ -17,6 +17,7 @@ constexpr int kNotifyThreads = 1024;  // rf_dispatch_notify's __launch_bounds__
 constexpr int64_t kNotifyOneBlockTokens = 1024;
 constexpr int64_t kNotifyBlockTokens = 256;
 constexpr int kDataThreads = 512;     // rf_dispatch_data's and rf_combine's
+constexpr int kLocalThreads = 256;    // rf_combine_local's
 constexpr int kCopyThreads = 256;     // rf_all_gather's and rf_put's
 constexpr int kSignalThreads = kMaxRanks;
 constexpr int kPeerReduceThreads = 512;  // rf_peer_reduce's
@@ -106,6 +107,7 @@ void Launcher::prepare(CUstream s) {
   // ended; 0 of 3 without it, with 441a5fd's addon or this one). The cause was not established, as for the
   // graphs made at first launch above; the fused kernel launches with cuLaunchKernelEx.
   keep<kargs::CombineArgs>(k_.combine, kDataThreads, c);
+  keep<kargs::CombineArgs>(k_.combine_local, kLocalThreads, false);
   keep<kargs::ReduceArgs>(k_.reduce, 256, false);
   keep<kargs::PeerReduceArgs>(k_.peer_reduce, kPeerReduceThreads, c);
   keep<kargs::FetchArgs>(k_.fetch, 256, false);
@@ -293,6 +295,12 @@ void Launcher::combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_b
                   "combine: x, the biases and out.x must be 16-byte aligned.");
   RF_CUDA_REQUIRE(a.in.num_tokens == 0 || (a.out.x != nullptr && a.out.topk_weights != nullptr),
                   "combine: out.x and out.topkWeights are required.");
+  if (a.r.world == 1) {  // no peer: rf_combine_local, every block of the rank's SMs that fits (kernels/combine.cu)
+    const int sms = num_sms > 0 ? num_sms : std::max(1, sm_count_ / share_);
+    const int local = grid_for(k_.combine_local, kLocalThreads, 0, sms * occupancy(k_.combine_local, kLocalThreads, 0));
+    launch(k_.combine_local, "combine", local, kLocalThreads, 0, s, a, false);
+    return;
+  }
   const int blocks = grid_for(k_.combine, kDataThreads, 0, num_sms);
   int split = send_blocks < 0 ? std::max(1, blocks / 3) : send_blocks;  // 1/3: best at 24 and 132 SMs
   const bool flags_fit = a.m.buf.combine_flags + a.m.buf.slots * 8 <= a.m.buf.bytes;
