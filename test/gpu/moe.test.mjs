@@ -458,6 +458,8 @@ for (const layout of layouts([1, 2, 4])) {
           same(o.srcToken, w.srcToken, `${at}: srcToken`);
           same(o.combineX, hc[r].x.data, `${at}: combine x`);
           same(o.combineW, hc[r].topkWeights, `${at}: combine weights`);
+          for (const f of ['x', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken']) same(o.cached[f], o[f], `${at}: cached dispatch, ${f}`);
+          if (k.fp8) same(o.cached.scales, o.scales, `${at}: cached dispatch, scales`);
           same(o.plainX, hp[r].x.data, `${at}: combine without weights or bias, x`);
           same(o.plainW, hp[r].topkWeights, `${at}: combine without weights or bias, weights`);
           assert.equal(o.fusedDispatches, was[r] + 1, `${at}: one fused dispatch`);

@@ -27,6 +27,17 @@ export default async function (rank, { seed, tokens, recv, rows, numSms, fp8, ro
     srcRank: host(d.srcRank).slice(0, R),
     srcToken: host(d.srcToken).slice(0, R),
   };
+  // The same routing again, cached (the handle's state; one rank: rf_dispatch_local): the same outputs,
+  // and the combines below run on its state.
+  const k = await rank.dispatch({ x, ...(scales ? { scales } : {}), handle: d.handle }, { outputsInBuffer: true });
+  out.cached = {
+    x: host(k.x).slice(0, R * hidden),
+    scales: k.scales ? host(k.scales).slice(0, R * (hidden / 128)) : null,
+    topkIdx: host(k.topkIdx).slice(0, R * topk),
+    topkWeights: host(k.topkWeights).slice(0, R * topk),
+    srcRank: host(k.srcRank).slice(0, R),
+    srcToken: host(k.srcToken).slice(0, R),
+  };
   const ci = combineInput(seed, rank.rank, R);
   const px = new Uint16Array(rows * hidden), pw = new Float32Array(rows * topk);
   px.set(ci.x);

@@ -17,7 +17,7 @@ constexpr int kNotifyThreads = 1024;  // rf_dispatch_notify's __launch_bounds__
 constexpr int64_t kNotifyOneBlockTokens = 1024;
 constexpr int64_t kNotifyBlockTokens = 256;
 constexpr int kDataThreads = 512;     // rf_dispatch_data's and rf_combine's
-constexpr int kLocalThreads = 256;    // rf_combine_local's
+constexpr int kLocalThreads = 256;    // rf_combine_local's and rf_dispatch_local's
 constexpr int kCopyThreads = 256;     // rf_all_gather's and rf_put's
 constexpr int kSignalThreads = kMaxRanks;
 constexpr int kPeerReduceThreads = 512;  // rf_peer_reduce's
@@ -102,6 +102,7 @@ void Launcher::prepare(CUstream s) {
   keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, false);  // one block: launched without the attribute
   if (c) keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, true);
   keep<kargs::DispatchArgs>(k_.dispatch_data, kDataThreads, c);
+  keep<kargs::DispatchArgs>(k_.dispatch_local, kLocalThreads, false);
   // No graph for rf_dispatch_fused: with one kept for it as well, captured graphs of cached dispatches
   // replayed by 2 ranks sharing GPU 0 timed out in 2 of 3 fresh groups (a rank's data kernel never
   // ended; 0 of 3 without it, with 441a5fd's addon or this one). The cause was not established, as for the
@@ -136,6 +137,12 @@ int Launcher::occupancy(CUfunction f, int threads, int smem) const {
   n = std::max(1, n);
   occupancy_[key] = n;
   return n;
+}
+
+// A one-rank kernel's grid: as many blocks as fit on `num_sms` SMs (0: the rank's share).
+int Launcher::local_grid(CUfunction f, int num_sms) const {
+  const int sms = num_sms > 0 ? num_sms : std::max(1, sm_count_ / share_);
+  return grid_for(f, kLocalThreads, 0, sms * occupancy(f, kLocalThreads, 0));
 }
 
 int Launcher::grid_for(CUfunction f, int threads, int smem, int requested) const {
@@ -263,6 +270,10 @@ void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
 
 void Launcher::dispatch_data(CUstream s, const kargs::DispatchArgs& a, int num_sms) const {
   check_data(a);
+  if (a.r.world == 1 && a.out.x == nullptr) {  // alone, outputs in the buffer: rf_dispatch_local (kernels/dispatch.cu)
+    launch(k_.dispatch_local, "dispatch data", local_grid(k_.dispatch_local, num_sms), kLocalThreads, 0, s, a, false);
+    return;
+  }
   launch(k_.dispatch_data, "dispatch data", grid_for(k_.dispatch_data, kDataThreads, 0, num_sms), kDataThreads, 0, s, a,
          true);
 }
@@ -296,9 +307,7 @@ void Launcher::combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_b
   RF_CUDA_REQUIRE(a.in.num_tokens == 0 || (a.out.x != nullptr && a.out.topk_weights != nullptr),
                   "combine: out.x and out.topkWeights are required.");
   if (a.r.world == 1) {  // no peer: rf_combine_local, every block of the rank's SMs that fits (kernels/combine.cu)
-    const int sms = num_sms > 0 ? num_sms : std::max(1, sm_count_ / share_);
-    const int local = grid_for(k_.combine_local, kLocalThreads, 0, sms * occupancy(k_.combine_local, kLocalThreads, 0));
-    launch(k_.combine_local, "combine", local, kLocalThreads, 0, s, a, false);
+    launch(k_.combine_local, "combine", local_grid(k_.combine_local, num_sms), kLocalThreads, 0, s, a, false);
     return;
   }
   const int blocks = grid_for(k_.combine, kDataThreads, 0, num_sms);

@@ -25,6 +25,7 @@ Modules::Modules() {
     const CUmodule dispatch = load("dispatch");
     k_.dispatch_data = entry(dispatch, "dispatch", "rf_dispatch_data");
     k_.dispatch_fused = entry(dispatch, "dispatch", "rf_dispatch_fused");
+    k_.dispatch_local = entry(dispatch, "dispatch", "rf_dispatch_local");
     const CUmodule combine = load("combine");
     k_.combine = entry(combine, "combine", "rf_combine");
     k_.combine_local = entry(combine, "combine", "rf_combine_local");
