@@ -8,7 +8,10 @@
  * sees rankLeft for each of its ranks, is 'degraded' without them, and never a wrong result or a hang.
  * Then a process started with world.rejoin takes the range back: rankJoined in every survivor, 'ready',
  * and the next ops' results are a healthy group's; rejoins that do not fit are refused, each told why.
- * The leader process's death stays fatal (RANK_FAILED naming rank 0).
+ * group.run across processes (test/fixtures/elastic-world-runs.mjs): a follower SIGKILLed during a loop
+ * of rank programs; the run in flight rejects RANK_FAILED in every survivor, the next ones run on the
+ * live ranks, every value checked here against the parts of the ranks that serve; after a rejoin they
+ * are a healthy group's. The leader process's death stays fatal (RANK_FAILED naming rank 0).
  */
 import { afterEach, describe, expect, it } from 'vitest';
 
