@@ -53,7 +53,8 @@ export class Membership {
   private nextRejoin?: Rejoining;
   /** a world's: the ops up to this count were in flight somewhere when ranks left: rejected here too (elastic-world.ts) */
   private rejectThrough = 0;
-  private lastLeft?: RankflowError;
+  /** the failure of the rank that left last (a run it ended says so: actors/run.ts) */
+  lastLeft?: RankflowError;
   /** membership changes so far (a handle of another membership is refused: ops/dispatch.cc) */
   private epoch = 0;
   /** a rank left since the survivors were last put in step: they are, before the next op */
@@ -89,6 +90,10 @@ export class Membership {
   get liveRanks(): number[] {
     return this.live.flatMap((l, g) => (l ? [g] : []));
   }
+  /** A run in a world (actors/run.ts): its op's number (the same in every process), whether a rank left since the survivors re-formed, each leaving as it comes. */
+  get op(): number { return this.started; }
+  get unformed(): boolean { return this.rv ? maskOf(this.live) !== this.agreed : this.pending; }
+  onLeft(cb: () => void): () => void { this.events.on('rankLeft', cb); return () => void this.events.off('rankLeft', cb); }
   /** For what begins now (an AGRS session): its end, RANK_FAILED naming the change, once the membership changed; until then undefined. */
   since(): () => RankflowError | undefined {
     const at = this.epoch;

@@ -364,7 +364,7 @@ export class Group extends EventEmitter<GroupEvents> {
   private get runDeps(): RunDeps {
     return {
       queue: (body) => this.collective(['ready'], body), workers: this.workers, rankOffset: this.rankOffset, nextId: () => ++this.runs,
-      destroying: () => this.destroying, world: () => this.rv,
+      destroying: () => this.destroying, world: () => this.rv, elastic: this.membership,
     };
   }
 

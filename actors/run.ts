@@ -8,6 +8,10 @@
 // session count, and the group is `ready` again. A rank that died (terminate, a timeout) is not a
 // program's end: the run rejects with that failure as before, and the group stays failed.
 //
+// In a world every process's end counts (world/run-end.ts). In an elastic world the ends cross the
+// run ends' exchange among the processes not lost (world/run-exchange.ts), and a rank that leaves while
+// a run runs ends it with RANK_FAILED in every process; the next op re-forms the survivors first.
+//
 // With a signal: aborted before the run's turn (runs queue like collectives), the run is skipped;
 // aborted while the programs run, every program is told (its run-abort word and an abortRun message:
 // rank.aborted, rank.signal, rank.anyAborted()), and the run rejects with ABORTED once they ended.
@@ -16,7 +20,7 @@ import { RankflowError, isErrorCode } from './core/errors.js';
 import { cutShort, rootCause, type Ranks } from './ranks.js';
 import { rebuildThrown, thrownOf, thrownText, type ThrownValue } from './core/thrown.js';
 import type { RankPosition, RunOutcome } from '../workers/protocol.js';
-import type { Rendezvous } from './world/rendezvous.js';
+import type { ElasticRendezvous, Rendezvous } from './world/rendezvous.js';
 import { mergeRunEnds, runEndProblem, runEndWire, type RunEnd } from './world/run-end.js';
 
 export interface RunDeps {
@@ -31,10 +35,24 @@ export interface RunDeps {
   destroying: () => boolean;
   /** a world of several processes: its connections (releases cross them; the run's end is agreed) */
   world?: () => Rendezvous | undefined;
+  /** an elastic group's membership (actors/elastic.ts): what a run in a world needs of it */
+  elastic?: RunMembership;
 }
 
+/** In an elastic world a run's number is its op's (the same in every process, rejected ones counted), and a rank's leaving ends it. */
+export interface RunMembership {
+  readonly op: number;
+  /** a rank left since the survivors last re-formed */
+  readonly unformed: boolean;
+  readonly lastLeft?: RankflowError;
+  /** calls `cb` as each rank leaves (synchronously, as this process hears of it); returns the unsubscribe */
+  onLeft(cb: () => void): () => void;
+}
+
+const runId = (deps: RunDeps): number => (deps.elastic && deps.world?.() ? deps.elastic.op : deps.nextId());
+
 export function runPrograms<T>(deps: RunDeps, url: string, args: unknown, signal?: AbortSignal): Promise<T[]> {
-  if (!signal) return deps.queue(() => runOnce<T>(deps, url, args, deps.nextId()));
+  if (!signal) return deps.queue(() => runOnce<T>(deps, url, args, runId(deps)));
   return new Promise<T[]>((resolve, reject) => {
     let running = 0;  // the run's id while its programs run
     let early = false;
@@ -48,7 +66,7 @@ export function runPrograms<T>(deps: RunDeps, url: string, args: unknown, signal
     signal.addEventListener('abort', onAbort, { once: true });
     deps.queue(async () => {
       if (early) throw abortError('group.run', signal);
-      running = deps.nextId();
+      running = runId(deps);
       try {
         return await runOnce<T>(deps, url, args, running, signal);
       } finally {
@@ -69,6 +87,13 @@ function tellPrograms(workers: Ranks, id: number, reason: string): void {
 async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number, signal?: AbortSignal): Promise<T[]> {
   const { workers, rankOffset } = deps;
   const rv = deps.world?.();
+  // An elastic world: a rank that leaves while the run runs (or left before the survivors re-formed) ends it.
+  const elastic = rv && deps.elastic ? deps.elastic : undefined;
+  let left = elastic?.unformed ?? false;
+  const unleft = elastic?.onLeft(() => {
+    left = true;
+    (rv as ElasticRendezvous).hitRunEnds();
+  });
   // An elastic group runs on the ranks that serve (a rank that left takes no part).
   const serving = workers.members.flatMap((_, r) => (workers.serves(r) ? [r] : []));
   const outcomes: Array<RunOutcome | undefined> = workers.members.map(() => undefined);
@@ -122,9 +147,10 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
       ...(threw ? { threw } : {}), ...(returned ? { returned } : {}),
     };
     // In a world, every process's end counts: the same numbers and the same error everywhere.
-    const end = rv ? await agree(rv, local, workers) : local;
+    const end = !rv ? local : elastic ? await agreeAmongLive(rv as ElasticRendezvous, local, () => left, elastic) : await agree(rv, local, workers);
     // A rank that cannot be put back in step has failed; the program's error that began it is its cause.
-    if (!end.inStep)
+    // (After a rank left, the next op's re-forming puts the ranks in step: they mask it until then.)
+    if (!end.inStep && !left)
       await recover(workers, serving, end.seq, end.sessions).catch((e: RankflowError) => {
         throw end.threw ? new RankflowError(e.code, e.message, { rank: e.rank, cause: programError(end.threw.rank, end.threw.thrown) }) : e;
       });
@@ -141,6 +167,7 @@ async function runOnce<T>(deps: RunDeps, url: string, args: unknown, id: number,
     // The ranks are back in step, or failed: their ops run again (or refuse with their failure).
     workers.clearReleases();
     unsubscribe?.();
+    unleft?.();
   }
 }
 
@@ -158,12 +185,32 @@ function failedOrDestroyed(deps: RunDeps, settled: PromiseSettledResult<unknown>
 
 /** Every process's RunEnd, checked and merged; a rank's failure meanwhile ends the wait. */
 async function agree(rv: Rendezvous, local: RunEnd, workers: Ranks): Promise<RunEnd> {
-  const ends = await cutShort(rv.exchange<RunEnd>(runEndWire(local)), workers.members.map((m) => m.untilFailed));
+  return merged(rv, local.run, await cutShort(rv.exchange<RunEnd>(runEndWire(local)), workers.members.map((m) => m.untilFailed)));
+}
+
+/**
+ * An elastic world's: the RunEnds of the processes not lost (world/run-exchange.ts). A rank that left
+ * while the run ran ends it with RANK_FAILED in every process: this one, knowing it already, gives
+ * nothing; otherwise the leader's word decides (it cuts the exchange once any process heard of one).
+ */
+async function agreeAmongLive(rv: ElasticRendezvous, local: RunEnd, left: () => boolean, m: RunMembership): Promise<RunEnd> {
+  const ends = left() ? undefined : await rv.exchangeRunEnd(local.run, runEndWire(local));
+  if (ends === undefined) {
+    const e = m.lastLeft;
+    throw new RankflowError('RANK_FAILED', `group.run: ${e?.rank !== undefined ? `rank ${e.rank}` : 'a rank'} left the group while this run ran` +
+      `${e ? ` (${e.message})` : ''}: it ended in every process; the next op runs among the ranks that serve`, { ...(e?.rank !== undefined ? { rank: e.rank } : {}), ...(e ? { cause: e } : {}) });
+  }
+  return merged(rv, local.run, ends, true);
+}
+
+/** The ends of run `run`, each checked (among the live: null for a process lost before it), merged. */
+function merged(rv: Rendezvous, run: number, ends: unknown[], amongLive = false): RunEnd {
+  const given = amongLive ? ends.filter((e) => e !== null) : ends;
   ends.forEach((e, i) => {
-    const problem = runEndProblem(e, local.run, rv.peers[i]!);
-    if (problem) throw new RankflowError('STATE', `group.run: the process of ranks ${rv.peers[i]!.rankOffset}.. sent an invalid end of run ${local.run}: ${problem}`);
+    const problem = amongLive && e === null ? undefined : runEndProblem(e, run, rv.peers[i]!);
+    if (problem) throw new RankflowError('STATE', `group.run: the process of ranks ${rv.peers[i]!.rankOffset}.. sent an invalid end of run ${run}: ${problem}`);
   });
-  return mergeRunEnds(ends);
+  return mergeRunEnds(given as RunEnd[]);
 }
 
 /** Every rank recovers to the group's numbers (the largest any rank used); a rank that cannot has failed. */

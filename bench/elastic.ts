@@ -6,7 +6,9 @@
 //   side by side in one run, interleaved round by round: an elastic group with one rank gone against a
 //   healthy group fed what the degraded one computes (the gone rank's experts -1, its tokens none);
 //   the latter once more on a second identical group (the machine's noise floor for these ratios);
-//   and a healthy elastic group against a group that is not elastic (the option's own cost).
+//   and a healthy elastic group against a group that is not elastic (the option's own cost); and one
+//   elastic group killed and replaced every round, degraded against its own healthy rounds on the
+//   masked work (the same survivors' threads: no spread between two groups in that ratio).
 // Writes bench/results/elastic-host-<date>.json with its provenance (date, commit, machine, uname -a,
 // the CPU model, the command).
 // Across processes (a world, a process SIGKILLed): bench/elastic-world.ts.
@@ -98,7 +100,15 @@ async function cost(W: number, nRounds: number, iters: number) {
   const degraded = await createGroup({ ...opts, elastic: true });
   const healthyElastic = await createGroup({ ...opts, elastic: true });
   const plain = await createGroup(opts), plain2 = await createGroup(opts);
+  // One more elastic group whose rank `dead` is killed and replaced every round: its degraded and its
+  // healthy (masked) rounds run on the same survivors' threads, without the spread between two groups.
+  const cycled = await createGroup({ ...opts, elastic: true });
   const dead = W - 1;
+  const kill = async (g: Group) => {
+    const gone = new Promise((resolve) => g.once('rankLeft', resolve));
+    await g.ranks[dead]!.terminate();
+    await gone;
+  };
   try {
     await degraded.ranks[dead]!.terminate();
     // healthyMaskedAgain is healthyMasked on a second, identical group: the spread between the two is
@@ -107,7 +117,7 @@ async function cost(W: number, nRounds: number, iters: number) {
       ['degraded', degraded, []], ['healthyMasked', plain, [dead]], ['healthyMaskedAgain', plain2, [dead]],
       ['healthyElastic', healthyElastic, []], ['plain', plain, []],
     ];
-    const ms: Record<string, number[]> = Object.fromEntries(columns.map(([k]) => [k, []]));
+    const ms: Record<string, number[]> = Object.fromEntries([...columns.map(([k]) => k), 'cycledDegraded', 'cycledHealthyMasked'].map((k) => [k, []]));
     let maskedSlots = 0;
     for (let i = 0; i < nRounds; i++) {
       // Interleaved, and each round in another order: a drift of the machine, or a column's place in
@@ -118,6 +128,14 @@ async function cost(W: number, nRounds: number, iters: number) {
         if (name === 'degraded') maskedSlots = r.maskedSlots;
         ms[name]!.push(...r.ms);
       }
+      // The cycled group: healthy on the masked work, the kill, degraded, the replacement; every other
+      // round degraded first (it is then replaced before its healthy round).
+      const healthyRound = async () => ms.cycledHealthyMasked!.push(...(await rounds(cycled, [dead], iters)).ms);
+      if (i % 2 === 0) await healthyRound();
+      await kill(cycled);
+      ms.cycledDegraded!.push(...(await rounds(cycled, [], iters)).ms);
+      await cycled.replaceRank(dead);
+      if (i % 2 === 1) await healthyRound();
     }
     // Pooled over every iteration of every round: one slow round (a stolen core) moves a median little.
     const m = Object.fromEntries(Object.entries(ms).map(([k, v]) => [k, median(v)]));
@@ -128,9 +146,10 @@ async function cost(W: number, nRounds: number, iters: number) {
       noiseFloorHealthyMaskedAgainOverHealthyMasked: m.healthyMaskedAgain! / m.healthyMasked!,
       healthyElasticOverPlain: m.healthyElastic! / m.plain!,
       degradedOverPlainFull: m.degraded! / m.plain!,
+      cycledDegradedOverHealthyMasked: m.cycledDegraded! / m.cycledHealthyMasked!,
     };
   } finally {
-    await Promise.all([degraded.destroy(), healthyElastic.destroy(), plain.destroy(), plain2.destroy()]);
+    await Promise.all([degraded.destroy(), healthyElastic.destroy(), plain.destroy(), plain2.destroy(), cycled.destroy()]);
   }
 }
 
@@ -147,7 +166,8 @@ for (const W of ranks) {
   const f = (s: { p50: number; p99: number }) => `p50 ${s.p50.toFixed(1)} ms, p99 ${s.p99.toFixed(1)} ms`;
   console.log(`W = ${W}: kill -> rankLeft ${f(rec.killToRankLeftMs)}; kill -> first survivor op ${f(rec.killToFirstSurvivorOpMs)}; replaceRank ${f(rec.replaceRankMs)}`);
   console.log(`W = ${W}: dispatch+combine median ms: degraded ${c.medianMs.degraded!.toFixed(3)}, healthy on the masked inputs ${c.medianMs.healthyMasked!.toFixed(3)} ` +
-    `(ratio ${c.degradedOverHealthyMasked.toFixed(3)}; the same on a second group: ${c.noiseFloorHealthyMaskedAgainOverHealthyMasked.toFixed(3)}); healthy elastic ${c.medianMs.healthyElastic!.toFixed(3)}, not elastic ${c.medianMs.plain!.toFixed(3)} (ratio ${c.healthyElasticOverPlain.toFixed(3)})`);
+    `(ratio ${c.degradedOverHealthyMasked.toFixed(3)}; the same on a second group: ${c.noiseFloorHealthyMaskedAgainOverHealthyMasked.toFixed(3)}); healthy elastic ${c.medianMs.healthyElastic!.toFixed(3)}, not elastic ${c.medianMs.plain!.toFixed(3)} (ratio ${c.healthyElasticOverPlain.toFixed(3)}); ` +
+    `one group killed and replaced each round: degraded ${c.medianMs.cycledDegraded!.toFixed(3)}, healthy on the masked inputs ${c.medianMs.cycledHealthyMasked!.toFixed(3)} (ratio ${c.cycledDegradedOverHealthyMasked.toFixed(3)})`);
 }
 mkdirSync(flags.out, { recursive: true });
 const file = path.join(flags.out, `elastic-host-${new Date().toISOString().slice(0, 10)}.json`);

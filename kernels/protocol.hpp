@@ -43,6 +43,9 @@ constexpr int64_t kSignalTagWord = 2;
 // A combine in pull mode (kernels/combine.cu) publishes its x and its weights' device addresses in
 // words 3 and 4 of its enter slot alike.
 constexpr int64_t kSignalAddrWord = 3;
+// Word 6 of rank 0's `enter` slots in a peer reduction of ranks sharing a GPU: where the workspace's
+// ticket (WorkspaceLayout::ticket) stood as rank 0 entered, the first chunk's number.
+constexpr int64_t kSignalTicketWord = 6;
 RF_HD bool seq_reached(uint64_t slot_seq, uint64_t seq) { return slot_seq >= seq; }
 // The words of the workspace's `live` slot (WorkspaceLayout::live).
 constexpr int64_t kLiveMaskWord = 0;
@@ -68,6 +71,9 @@ struct WorkspaceLayout {
   // writes into, nor waits for a rank outside it; a kernel reads it from its own window, so that a
   // captured graph follows the membership it replays in.
   int64_t live = 0;
+  // One slot, rank 0's only used: word 0 counts the chunks of peer reductions drawn by the blocks of
+  // ranks sharing a GPU (session.cu reduce_shared); it only grows.
+  int64_t ticket = 0;
   int64_t bytes = 0;         // 2 MiB aligned
 
   RF_HD static WorkspaceLayout make(int32_t world_size, int32_t num_local_experts) {
@@ -83,6 +89,7 @@ struct WorkspaceLayout {
     l.rank_count = off;   off += row;
     l.session = off;      off += row;
     l.live = off;         off += kSlotBytes;
+    l.ticket = off;       off += kSlotBytes;
     l.expert_count = off; off += row * (num_local_experts > 0 ? num_local_experts : 1);
     l.bytes = align_up(off, kAlignment);
     return l;

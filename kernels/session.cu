@@ -11,8 +11,9 @@
 //   rf_peer_reduce : the same sums with no gathered copy (kargs::PeerReduceArgs): an enter round that
 //               publishes each rank's input and output addresses, rank r sums slice r of every
 //               rank's input straight from where it lies and stores the sums into every rank's
-//               output, then a done round. Each element is read W times and written W times in all,
-//               by one rank: in place (in == out) is safe. Ranks sharing one GPU (args.local) order
+//               output (ranks sharing a GPU, 3 and more: the chunks its blocks draw from one ticket
+//               that all ranks share), then a done round. Each element is read W times and written W times in all,
+//               by one rank (one block of one rank where drawn): in place (in == out) is safe. Ranks sharing one GPU (args.local) order
 //               their signals at GPU scope (common.cuh Scope).
 // Rings (kargs::Ring): allGather: 1, W-1 both; reduce-scatter: destinations 0, W (me included);
 // pipeline: 1, 1 (next rank / previous rank).
@@ -204,11 +205,13 @@ __device__ __forceinline__ int4 pack_vector(const float* acc) {
 
 // Vectors [v0, v1) of every source, summed into every destination (from the next rank on, so that
 // the ranks' stores spread over the outputs), with F ranks x U vectors of loads in flight.
+// `first`: this thread's first vector; `stride`: between a thread's vectors (the grid's threads, or the
+// block's for a chunk of its own).
 template <bool kBf16, int F, int U>
-__device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t v0, int64_t v1) {
+__device__ void reduce_vectors(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t first, int64_t stride,
+                               int64_t v1) {
   constexpr int kLanes = kBf16 ? 8 : 4;
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t base = v0 + int64_t(blockIdx.x) * blockDim.x + threadIdx.x; base < v1; base += stride * U) {
+  for (int64_t base = first; base < v1; base += stride * U) {
     float acc[U][kLanes];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -256,16 +259,52 @@ __device__ void reduce_elements(const uint8_t* const* src, uint8_t* const* dst, 
   }
 }
 
+__device__ __forceinline__ bool aligned_all(const uint8_t* const* src, uint8_t* const* dst, int world) {
+  bool aligned = true;
+  for (int p = 0; p < world; ++p) aligned = aligned && ((reinterpret_cast<uintptr_t>(src[p]) | reinterpret_cast<uintptr_t>(dst[p])) & 15) == 0;
+  return aligned;
+}
+
 template <bool kBf16>
 __device__ void reduce_slice(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t lo, int64_t hi) {
   constexpr int64_t kLanes = kBf16 ? 8 : 4;
-  bool aligned = true;
-  for (int p = 0; p < world; ++p) aligned = aligned && ((reinterpret_cast<uintptr_t>(src[p]) | reinterpret_cast<uintptr_t>(dst[p])) & 15) == 0;
-  if (!aligned) return reduce_elements<kBf16>(src, dst, world, rank, lo, hi);
+  if (!aligned_all(src, dst, world)) return reduce_elements<kBf16>(src, dst, world, rank, lo, hi);
   // lo is a multiple of 8 elements: whole vectors from there, the last partial one element-wise.
-  if (world <= kFewRanks) reduce_vectors<kBf16, 2, 4>(src, dst, world, rank, lo / kLanes, hi / kLanes);
-  else reduce_vectors<kBf16, 4, 2>(src, dst, world, rank, lo / kLanes, hi / kLanes);
+  const int64_t first = lo / kLanes + int64_t(blockIdx.x) * blockDim.x + threadIdx.x, stride = int64_t(gridDim.x) * blockDim.x;
+  if (world <= kFewRanks) reduce_vectors<kBf16, 2, 4>(src, dst, world, rank, first, stride, hi / kLanes);
+  else reduce_vectors<kBf16, 4, 2>(src, dst, world, rank, first, stride, hi / kLanes);
   reduce_elements<kBf16>(src, dst, world, rank, hi / kLanes * kLanes, hi);
+}
+
+// Ranks sharing one GPU, 3 and more: all n / lanes vectors in chunks of kChunkPasses passes of a block,
+// handed out by one ticket word in rank 0's workspace that every rank's blocks draw from (`base`: its
+// value when rank 0 entered), so that a rank whose kernel started late or whose SMs ran slower does
+// less; each chunk is summed and stored by one block, so the bits are those of the slices. The
+// elements after the last whole vector are rank W - 1's. 64 MiB at 4 ranks: 80.3-82.8% of the copy
+// floor against 77.9-80.9% for slices (bench/results/all-reduce-variants-2026-12-03.md); 2 ranks keep
+// their slices (2 x 4 loads in flight), which drawn chunks did not beat.
+constexpr int kChunkPasses = 2;
+template <bool kBf16>
+__device__ void reduce_shared(const uint8_t* const* src, uint8_t* const* dst, int world, int rank, int64_t n,
+                              unsigned long long* ticket, uint64_t base) {
+  constexpr int64_t kLanes = kBf16 ? 8 : 4;
+  constexpr int F = 4, U = 2;
+  const int64_t vectors = n / kLanes, chunk = int64_t(blockDim.x) * U * kChunkPasses;
+  const int64_t chunks = (vectors + chunk - 1) / chunk;
+  __shared__ int64_t tickets[2];  // the chunk this pass works on, the next one's
+  if (threadIdx.x == 0) tickets[0] = int64_t(atomicAdd(ticket, 1ull) - base);
+  __syncthreads();
+  for (int k = 0;; k ^= 1) {
+    const int64_t c = tickets[k];
+    if (c >= chunks) break;
+    unsigned long long next = 0;
+    if (threadIdx.x == 0) next = atomicAdd(ticket, 1ull);  // the next chunk's, while this one runs
+    const int64_t v0 = c * chunk;
+    reduce_vectors<kBf16, F, U>(src, dst, world, rank, v0 + threadIdx.x, blockDim.x, min(v0 + chunk, vectors));
+    if (threadIdx.x == 0) tickets[k ^ 1] = int64_t(next - base);
+    __syncthreads();
+  }
+  if (rank == world - 1) reduce_elements<kBf16>(src, dst, world, rank, vectors * kLanes, n);
 }
 
 // The peer reduce at scope S (the kernel picks it from args.local).
@@ -278,8 +317,11 @@ __device__ __forceinline__ void peer_reduce(const PeerReduceArgs& args) {
   __shared__ const uint8_t* src[kMaxRanks];
   __shared__ uint8_t* dst[kMaxRanks];
   __shared__ int refused;
+  __shared__ uint64_t ticket_base;
   if (threadIdx.x == 0) refused = -1;
   load_peers(peers, a);
+  const bool drawn = S == Scope::Gpu && world > kFewRanks;  // chunks drawn from a ticket (reduce_shared)
+  unsigned long long* ticket = reinterpret_cast<unsigned long long*>(peers[0] + a.ws.ticket);
 
   // 1. enter: block 0 publishes my addresses with my enter in every rank's slot of mine (after what
   // the stream wrote before, e.g. a staged input), every block reads everyone's.
@@ -291,6 +333,9 @@ __device__ __forceinline__ void peer_reduce(const PeerReduceArgs& args) {
       st_relaxed_sys(s + kSignalAddrWord, uint64_t(reinterpret_cast<uintptr_t>(args.in)));
       st_relaxed_sys(s + kSignalAddrWord + 1, uint64_t(reinterpret_cast<uintptr_t>(args.out)));
       st_relaxed_sys(s + kSignalAddrWord + 2, uint64_t(args.window));
+      // Rank 0, ranks sharing a GPU: where the ticket stands as this op begins (every draw of earlier
+      // ops ended before their done round, which my stream finished).
+      if (drawn && rank == 0) st_relaxed_sys(s + kSignalTicketWord, ld_relaxed_sys(reinterpret_cast<const uint64_t*>(ticket)));
       signal<S>(s, seq, 0, args.tag);
     }
   }
@@ -307,12 +352,17 @@ __device__ __forceinline__ void peer_reduce(const PeerReduceArgs& args) {
     src[p] = reinterpret_cast<const uint8_t*>((window & 1u) != 0 ? peers[p] + in : in);
     dst[p] = reinterpret_cast<uint8_t*>((window & 2u) != 0 ? peers[p] + out : out);
     if (tag != args.tag) atomicMax(&refused, p);
+    if (drawn && p == 0) ticket_base = ld_relaxed_sys(s + kSignalTicketWord);
   }
   ok = __syncthreads_and(ok);
 
-  // 2. data: my slice, in units of 8 elements (whole 16-byte vectors of either dtype).
+  // 2. data: my slice, in units of 8 elements (whole 16-byte vectors of either dtype), or the chunks
+  // my blocks draw.
   if (ok && refused >= 0) {
     if (blockIdx.x == 0 && threadIdx.x == 0) report_bad(a.ctl, seq, kBadShape, refused);
+  } else if (ok && drawn && aligned_all(src, dst, world)) {
+    if (args.bf16 != 0) reduce_shared<true>(src, dst, world, rank, args.n, ticket, ticket_base);
+    else reduce_shared<false>(src, dst, world, rank, args.n, ticket, ticket_base);
   } else if (ok) {
     int64_t lo = 0, hi = 0;
     peer_reduce_slice(args.n, world, rank, &lo, &hi);

@@ -8,7 +8,10 @@
  * sees rankLeft for each of its ranks, is 'degraded' without them, and never a wrong result or a hang.
  * Then a process started with world.rejoin takes the range back: rankJoined in every survivor, 'ready',
  * and the next ops' results are a healthy group's; rejoins that do not fit are refused, each told why.
- * The leader process's death stays fatal (RANK_FAILED naming rank 0).
+ * group.run across processes (test/fixtures/elastic-world-runs.mjs): a follower SIGKILLed during a loop
+ * of rank programs; the run in flight rejects RANK_FAILED in every survivor, the next ones run on the
+ * live ranks, every value checked here against the parts of the ranks that serve; after a rejoin they
+ * are a healthy group's. The leader process's death stays fatal (RANK_FAILED naming rank 0).
  */
 import { afterEach, describe, expect, it } from 'vitest';
 
@@ -240,4 +243,129 @@ describe('the option', () => {
     const out = await Promise.allSettled([make(0), make(1)]);
     for (const o of out) expect(o).toMatchObject({ status: 'rejected', reason: { code: 'EINVAL', message: expect.stringMatching(/^elastic: is supported within one node only/) } });
   });
+});
+
+// group.run across processes (test/fixtures/elastic-world-runs.mjs): a loop of rank programs that each
+// gather every rank's part of the run (programs/world-gather.mjs), checked here against the parts of
+// the ranks that serve, those that left giving zeros; a follower process SIGKILLed in the loop.
+interface RunOutcome { i: number; t: number; ok: boolean; values?: Array<{ rank: number; live: number[]; gathered: number[] } | null>; code?: string; rank?: number; message?: string }
+interface RunsDone extends Message { rankOffset: number; outcomes: RunOutcome[]; lefts: Array<{ rank: number; at: number; code: string }>; firstRun: number | null; hang: string | null; state: string; liveRanks: number[] }
+const ROUNDS = 3, HOLD_MS = 100;
+
+/** What run `i`'s programs gather when the ranks of `live` serve: [1000 q + i, round, -q - 1] from each rank q that does, zeros for the others. */
+const gatheredBy = (i: number, live: number[], W: number): number[] =>
+  Array.from({ length: ROUNDS }, (_, k) => Array.from({ length: W }, (_, q) => (live.includes(q) ? [1000 * q + i, k, -q - 1] : [0, 0, 0]))).flat(2);
+
+/** A world of `layout` looping `runs` runs; process `victim` SIGKILLed at run `at` (`hold`: inside it, its programs asleep; else 0-3 ms after it said it got there). */
+async function runsWorld(layout: number[], runs: number, victim: number, at: number, opts: { hold: boolean; seed: number; phase2?: number }) {
+  ensureCompiled('dist/actors/world/run-exchange.js', [...worldSources, 'actors/run.ts', 'actors/elastic.ts', 'actors/elastic-world.ts', 'actors/elastic-join.ts', 'actors/group.ts']);
+  const url = `tcp://127.0.0.1:${await freePort()}`, worldSize = layout.reduce((a, b) => a + b, 0);
+  const spec = (p: number, extra: object = {}) => ({
+    url, worldSize, rankOffset: layout.slice(0, p).reduce((a, b) => a + b, 0), ranks: layout[p], runs, rounds: ROUNDS,
+    ...(opts.hold ? { hold: at, holdMs: HOLD_MS } : {}), ...(opts.phase2 ? { phase2: opts.phase2 } : {}), ...extra,
+  });
+  const procs = layout.map((_, p) => forkFixture('elastic-world-runs', spec(p)));
+  children.push(...procs);
+  await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+  const rng = prng(opts.seed);
+  let killedAt = 0;
+  procs[victim]!.proc.on('message', (m: Message) => {
+    if (m.kind !== 'at' || m.i !== at || killedAt) return;
+    killedAt = -1;
+    setTimeout(() => { killedAt = now(); procs[victim]!.proc.kill('SIGKILL'); }, opts.hold ? 30 : randInt(rng, 4));
+  });
+  const survivors = procs.filter((_, p) => p !== victim);
+  const done = (await Promise.all(survivors.map((c) => c.next('done', 120_000)))) as RunsDone[];
+  expect(await procs[victim]!.exited).toBe('SIGKILL');
+  const rejoin = (): Child => {
+    const c = forkFixture('elastic-world-runs', spec(victim, { rejoin: true }));
+    children.push(c);
+    return c;
+  };
+  return { done, killedAt, survivors, rejoin, worldSize };
+}
+
+/** Every survivor's outcomes, run by run: alike in every process, each result the reference of the ranks it ran with. Returns the runs rejected and the first degraded one. */
+function checkRuns(done: RunsDone[], W: number, gone: number[], runs: number, first = 0): { rejected: number[]; degraded: number } {
+  const all = Array.from({ length: W }, (_, g) => g), rest = all.filter((g) => !gone.includes(g));
+  const rejected: number[] = [];
+  let degraded = Infinity;
+  for (const d of done) {
+    expect(d.hang).toBeNull();
+    expect(d.outcomes.map((o) => o.i)).toEqual(Array.from({ length: runs }, (_, j) => first + j));
+  }
+  for (let j = 0; j < runs; j++) {
+    const os = done.map((d) => d.outcomes[j]!), i = first + j;
+    // A run rejected in one process is rejected in every process, with RANK_FAILED naming a rank that left.
+    expect(os.map((o) => o.ok), `run ${i}`).toEqual(os.map(() => os[0]!.ok));
+    if (!os[0]!.ok) {
+      for (const o of os) expect({ code: o.code, gone: gone.includes(o.rank!) }, `run ${i}: ${o.message}`).toEqual({ code: 'RANK_FAILED', gone: true });
+      rejected.push(i);
+      continue;
+    }
+    const live = os[0]!.values!.find((v) => v !== null)!.live;
+    expect([all, rest], `run ${i} ran with ${live}`).toContainEqual(live);
+    if (live.length < W) degraded = Math.min(degraded, i);
+    else expect(i, `run ${i} ran with every rank after a degraded one`).toBeLessThan(degraded);
+    os.forEach((o, p) => {
+      expect(o.values!.map((v) => v?.rank)).toEqual(Array.from({ length: o.values!.length }, (_, r) => done[p]!.rankOffset + r));
+      for (const v of o.values!) expect({ live: v!.live, gathered: v!.gathered }, `run ${i}, rank ${v!.rank}`).toEqual({ live, gathered: gatheredBy(i, live, W) });
+    });
+  }
+  // At most the run in flight at the loss is rejected, before the degraded ones.
+  expect(rejected.length).toBeLessThanOrEqual(1);
+  for (const i of rejected) expect(i).toBeLessThan(degraded);
+  return { rejected, degraded };
+}
+
+describe.each([
+  [[1, 1], 1], [[2, 1], 1], [[1, 1, 1], 1], [[1, 1, 1], 2], [[2, 1, 1], 2],
+])('group.run across processes: a world hosting %j ranks, process %i SIGKILLed during a loop of runs', (layout, victim) => {
+  it('every survivor: the run in flight rejects RANK_FAILED in every process, the next ones run on the live ranks with every value right', async () => {
+    const times: { knows: number[]; rejected: number[]; first: number[] } = { knows: [], rejected: [], first: [] };
+    const runs = 80, gone = rangeOf(layout, victim);
+    for (let rep = 0; rep < 3; rep++) {
+      const seed = 17 * rep + victim + 5 * layout.length, hold = rep === 0;
+      const at = 10 + randInt(prng(seed + 1), runs - 40);
+      const { done, killedAt } = await runsWorld(layout, runs, victim, at, { hold, seed });
+      const { rejected, degraded } = checkRuns(done, layout.reduce((a, b) => a + b, 0), gone, runs);
+      // The kill inside a run (its programs asleep) is that run's end: rejected everywhere, the next one degraded.
+      if (hold) expect({ rejected, degraded }).toEqual({ rejected: [at], degraded: at + 1 });
+      // Elsewhere within a few runs of `at` (its 'at' message crosses IPC while the loop goes on).
+      expect(degraded).toBeLessThanOrEqual(at + 10);
+      for (const d of done) {
+        expect(d.lefts.map((l) => l.rank).sort()).toEqual(gone);
+        expect(d.state).toBe('degraded');
+        expect(d.liveRanks).toEqual(Array.from({ length: layout.reduce((a, b) => a + b, 0) }, (_, g) => g).filter((g) => !gone.includes(g)));
+        expect(d.firstRun).not.toBeNull();
+      }
+      // Until every surviving process knows (its last rankLeft), until the run in flight rejected in every one, until each ran again.
+      times.knows.push(Math.max(...done.flatMap((d) => d.lefts.map((l) => l.at))) - killedAt);
+      if (rejected.length > 0) times.rejected.push(Math.max(...done.map((d) => d.outcomes.find((o) => o.i === rejected[0])!.t)) - killedAt);
+      times.first.push(Math.max(...done.map((d) => d.firstRun!)) - killedAt);
+    }
+    expect(percentile(times.knows, 50)).toBeLessThan(100);
+    for (const ms of [...times.knows, ...times.rejected]) expect(ms).toBeLessThan(1000);
+    const f = (xs: number[]) => `p50 ${percentile(xs, 50).toFixed(1)} ms, max ${Math.max(...xs).toFixed(1)} ms`;
+    console.log(`group.run, ${JSON.stringify(layout)}, process ${victim} killed: kill -> every survivor knows ${f(times.knows)}; ` +
+      `-> the run in flight rejected in every survivor ${times.rejected.length > 0 ? f(times.rejected) : 'none'} (${times.rejected.length} of 3); -> every survivor ran again ${f(times.first)}`);
+  }, 300_000);
+});
+
+describe.each([
+  [[1, 1], 1], [[1, 1, 1], 2], [[2, 1, 1], 1],
+])('group.run across processes: a world hosting %j ranks, process %i SIGKILLed inside a run, then a process with world.rejoin takes its range back', (layout, victim) => {
+  it("the next runs, the rejoiner's too, are a healthy group's: every rank serves, every value right", async () => {
+    const at = 12, phase2 = 30;
+    const { done, survivors, rejoin, worldSize } = await runsWorld(layout, 40, victim, at, { hold: true, seed: 3, phase2 });
+    expect(checkRuns(done, worldSize, rangeOf(layout, victim), 40)).toEqual({ rejected: [at], degraded: at + 1 });
+    const r = rejoin();
+    expect(await r.next('ready', 30_000)).toMatchObject({ state: 'ready', liveRanks: Array.from({ length: worldSize }, (_, g) => g) });
+    for (const c of survivors) expect(await c.next('joined', 30_000)).toMatchObject({ state: 'ready' });
+    // The rejoiner's runs beside the survivors', in rank order: the world whole again, every value a healthy group's.
+    const procs = layout.map((_, p) => (p === victim ? r : survivors[p < victim ? p : p - 1]!));
+    const after = (await Promise.all(procs.map((c) => c.next('done2', 60_000)))) as RunsDone[];
+    expect(checkRuns(after, worldSize, [], phase2, 1000)).toEqual({ rejected: [], degraded: Infinity });
+    for (const d of after) expect(d.state).toBe('ready');
+  }, 120_000);
 });

@@ -60,6 +60,10 @@ export type Message =
   | { t: 'lxall'; seq: number; values: unknown[] }
   | { t: 'jx'; seq: number; value: unknown }
   | { t: 'jxall'; seq: number; values: unknown[] }
+  | { t: 'rx'; seq: number; value: unknown }
+  | { t: 'rxhit'; seq: number }
+  | { t: 'rxall'; seq: number; values: unknown[] }
+  | { t: 'rxcut'; seq: number }
   | { t: 'rejoining'; index: number; peer: RendezvousPeer }
   | { t: 'revived'; index: number }
   | { t: 'rejoinEnded'; index: number; reason: string }

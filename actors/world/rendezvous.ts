@@ -89,7 +89,7 @@ export interface RankFailure {
 /**
  * A rank program of this process ended its run for the others (actors/run.ts): the other processes
  * release their ranks' ops numbered `above` and later, in run `run` (each process counts its runs;
- * every process runs the same ones).
+ * every process runs the same ones; in an elastic world a run's number is its op's, actors/elastic.ts).
  */
 export interface RunRelease {
   run: number;
@@ -175,6 +175,13 @@ export interface ElasticRendezvous extends Rendezvous {
   admitRejoin?(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void;
   /** The leader: the rejoin in progress (of the process `pid`, if given) ends without the rejoiner (told `reason`). */
   endRejoin?(reason: string, pid?: number): void;
+  /**
+   * The run ends' exchange (run-exchange.ts), keyed by the run's number: the values of the processes
+   * not lost, or undefined when the leader cut it (a rank left while it was open).
+   */
+  exchangeRunEnd(run: number, value: unknown, opts?: { timeoutMs?: number }): Promise<unknown[] | undefined>;
+  /** This process heard of a rank leaving: the run ends' exchanges open now are cut. */
+  hitRunEnds(): void;
   /** The rejoins' exchanges made so far (a join's fd sockets are named for it: elastic-join.ts). */
   readonly joinsAt: number;
   /** A rejoining process's: where it starts. */

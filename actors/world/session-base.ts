@@ -1,9 +1,12 @@
 // What the leader's and a follower's side of a formed world share (session.ts): the peers, the
 // processes lost, the failures and releases announced and their listeners, the checks of a value
-// before it crosses, and the wire forms of this process's announcements.
+// before it crosses, the wire forms of this process's announcements, and the calls into the
+// survivors' and run ends' exchanges of an elastic world (each side holds its own ends of them).
 import { RankflowError } from '../core/errors.js';
 import { LIMITS, jsonBytes, toWire, who } from './protocol.js';
 import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
+import type { FollowerLive, LeaderLive } from './live-exchange.js';
+import type { FollowerRuns, LeaderRuns, RunEnds } from './run-exchange.js';
 
 /** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
 export function exchangeLimit(processes: number): number {
@@ -35,11 +38,30 @@ export abstract class Session implements Rendezvous {
   ) {}
 
   abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
-  abstract exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
+  /** The re-formings' and the rejoins' survivors' exchanges (live-exchange.ts), the run ends' (run-exchange.ts). */
+  protected abstract readonly live: LeaderLive | FollowerLive;
+  protected abstract readonly joins: LeaderLive | FollowerLive;
+  protected abstract readonly runs: LeaderRuns | FollowerRuns;
   abstract close(): Promise<void>;
   abstract announceFailure(f: RankFailure): void;
   abstract announceRelease(r: RunRelease): void;
   protected abstract failPending(error: RankflowError): void;
+
+  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
+  }
+  exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
+  }
+  get joinsAt(): number {
+    return this.joins.at;
+  }
+  exchangeRunEnd(run: number, value: unknown, opts?: { timeoutMs?: number }): Promise<RunEnds> {
+    return this.runs.exchange(run, value, opts?.timeoutMs);
+  }
+  hitRunEnds(): void {
+    this.runs.hit();
+  }
 
   onRelease(cb: (r: RunRelease) => void): () => void {
     this.releaseListeners.add(cb);

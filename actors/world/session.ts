@@ -1,11 +1,13 @@
 // A formed world's connections, after the table: `exchange` (an all-gather of small JSON values
 // through the leader), loss detection, failure relay (a star: the leader passes each follower's
 // announcements on), and close. The leader's side and a follower's side implement one abstract
-// Session (session-base.ts). Every message is checked before it is acted on; a peer that breaks the protocol is
-// cut off, and reported lost with what it sent.
+// Session (session-base.ts); the messages of an elastic world's survivors' and run ends' exchanges go to
+// their sides (live-exchange.ts, run-exchange.ts). Every message is checked before it is acted on; a peer
+// that breaks the protocol is cut off, and reported lost with what it sent.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
 import { FollowerLive, LeaderLive, REJOIN } from './live-exchange.js';
+import { FollowerRuns, LeaderRuns } from './run-exchange.js';
 import {
   LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who,
   type Incoming, type Join, type Message,
@@ -23,8 +25,9 @@ type RejoinListener = Parameters<ElasticRendezvous['onRejoin']>[0];
 export class LeaderSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, PendingExchange>();
   private readonly goodbyes = new Set<number>();
-  private readonly live: LeaderLive;
-  private readonly joins: LeaderLive;
+  protected readonly live: LeaderLive;
+  protected readonly joins: LeaderLive;
+  protected readonly runs: LeaderRuns;
   private rejoining?: { index: number; ch: Channel; join: Join };
   private readonly rejoinListeners: RejoinListener[] = [];
   /** an elastic world's rendezvous, still listening for rejoins (leader.ts): closed with the session */
@@ -43,6 +46,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     this.leaderAddress = localAddress;
     this.live = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs);
     this.joins = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs, REJOIN);
+    this.runs = new LeaderRuns(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, exchangeLimit(peers.length), timeoutMs);
     channels.forEach((ch, index) => ch && this.attach(ch, index));
   }
 
@@ -57,8 +61,8 @@ export class LeaderSession extends Session implements ElasticRendezvous {
             const bytes = jsonBytes(m.value);
             if (bytes > exchangeLimit(this.peers.length)) return ch.drop(`it sent a ${bytes}-byte exchange value`);
             this.contribute(m.seq, index, m.value);
-          } else if (m.t === 'lx' || m.t === 'jx') {
-            const problem = (m.t === 'lx' ? this.live : this.joins).onMessage(index, m);
+          } else if (m.t === 'lx' || m.t === 'jx' || m.t === 'rx' || m.t === 'rxhit') {
+            const problem = (m.t === 'lx' ? this.live : m.t === 'jx' ? this.joins : this.runs).onMessage(index, m);
             if (problem) return ch.drop(problem);
           } else if (m.t === 'failed') {
             const problem = failureProblem(m.failure, this.peers[index]!);
@@ -85,17 +89,11 @@ export class LeaderSession extends Session implements ElasticRendezvous {
           const why = `${reason}, seen by the leader`;
           for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'lost', index, reason: why });
           this.markLost(index, why);
-          this.live.recheck();  // the survivors' exchanges that waited only for it
-          this.joins.recheck();
+          for (const x of [this.live, this.joins, this.runs]) x.recheck();  // the survivors' exchanges that waited only for it
         },
       );
     }
   }
-
-  exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
-    return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
-  }
-  get joinsAt(): number { return this.joins.at; }
 
   onRejoin(l: RejoinListener): void {
     this.rejoinListeners.push(l);
@@ -167,10 +165,6 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     });
   }
 
-  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
-    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
-  }
-
   announceFailure(failure: RankFailure): void {
     if (this.closed) return;
     this.broadcast({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
@@ -225,8 +219,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   async close(): Promise<void> {
     if (this.closed) return;
     this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
-    this.live.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
-    this.joins.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
+    for (const x of [this.live, this.joins, this.runs]) x.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
     this.endRejoin('the world closed');
     this.door?.close();
     this.closed = true;
@@ -237,8 +230,9 @@ export class LeaderSession extends Session implements ElasticRendezvous {
 export class FollowerSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, NonNullable<PendingExchange['settle']>>();
   private leaderLeft = false;
-  private readonly live: FollowerLive;
-  private readonly joins: FollowerLive;
+  protected readonly live: FollowerLive;
+  protected readonly joins: FollowerLive;
+  protected readonly runs: FollowerRuns;
   private rejoining?: Rejoining;
   private readonly rejoinListeners: RejoinListener[] = [];
   readonly localAddress: string;
@@ -263,6 +257,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
     channel.keepAlive();
     this.live = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs);
     this.joins = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs, REJOIN);
+    this.runs = new FollowerRuns(peers.length, (m) => this.channel.send(m), where, exchangeLimit(peers.length), timeoutMs);
     if (rejoined) {
       this.live.startAt(rejoined.liveSeq);
       this.joins.startAt(rejoined.joinSeq);
@@ -276,8 +271,8 @@ export class FollowerSession extends Session implements ElasticRendezvous {
             return channel.drop(`the leader sent an invalid result for exchange #${quote(m.seq)}`);
           const values = m.values as unknown[];
           this.settle(m.seq, (s) => s.resolve(values));
-        } else if (m.t === 'lxall' || m.t === 'jxall') {
-          const problem = (m.t === 'lxall' ? this.live : this.joins).onMessage(m);
+        } else if (m.t === 'lxall' || m.t === 'jxall' || m.t === 'rxall' || m.t === 'rxcut') {
+          const problem = (m.t === 'lxall' ? this.live : m.t === 'jxall' ? this.joins : this.runs).onMessage(m);
           if (problem) return channel.drop(problem);
         } else if (m.t === 'rejoining' || m.t === 'revived' || m.t === 'rejoinEnded') {
           const problem = this.onRejoinMessage(m);
@@ -307,12 +302,11 @@ export class FollowerSession extends Session implements ElasticRendezvous {
         if (this.closed) return;
         if (this.leaderLeft) {
           this.failPending(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
-          this.live.fail(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
+          for (const x of [this.live, this.joins, this.runs]) x.fail(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
           return;
         }
         this.markLost(leader, `${reason}, seen by ${who(self)}`);
-        this.live.fail(this.lostError(leader));
-        this.joins.fail(this.lostError(leader));
+        for (const x of [this.live, this.joins, this.runs]) x.fail(this.lostError(leader));
       },
     );
   }
@@ -343,11 +337,6 @@ export class FollowerSession extends Session implements ElasticRendezvous {
     }
     return undefined;
   }
-
-  exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
-    return this.joins.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
-  }
-  get joinsAt(): number { return this.joins.at; }
 
   onRejoin(l: RejoinListener): void {
     this.rejoinListeners.push(l);
@@ -384,10 +373,6 @@ export class FollowerSession extends Session implements ElasticRendezvous {
     });
   }
 
-  exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
-    return this.live.exchange(value, opts?.timeoutMs) as Promise<Array<T | null>>;
-  }
-
   announceFailure(failure: RankFailure): void {
     if (this.closed || this.leaderLeft) return;
     this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
@@ -409,8 +394,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
   async close(): Promise<void> {
     if (this.closed) return;
     this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
-    this.live.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
-    this.joins.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
+    for (const x of [this.live, this.joins, this.runs]) x.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
     this.closed = true;
     await this.channel.endAndWait({ t: 'bye' });
   }

@@ -1,0 +1,77 @@
+// The run ends' exchange of an elastic world (actors/world/run-exchange.ts) on its own: a leader and
+// two followers wired through in-memory queues, each message delivered when the test says. The
+// leader's word decides: a run completes with every process's end or is cut for all; a follower that
+// hears of a leaving while it waits makes the leader cut; a cut that comes before a follower's own
+// exchange ends that exchange at once; an end that came before the leaving still completes.
+import { describe, expect, it } from 'vitest';
+
+import { FollowerRuns, LeaderRuns } from '../actors/world/run-exchange.js';
+import type { Incoming, Message } from '../actors/world/protocol.js';
+import type { RendezvousPeer } from '../actors/world/rendezvous.js';
+
+const peer = (rankOffset: number): RendezvousPeer => ({ rankOffset, localRanks: 1, payload: {}, hostId: 'h', nodeId: 'h', pid: 100 + rankOffset });
+
+/** A leader (index 0) and followers 1 and 2; `deliver()` hands every queued message on, in order. */
+function world() {
+  const lost = new Set<number>();
+  const toLeader: Array<[number, Message]> = [], toFollowers: Message[] = [];
+  const leader = new LeaderRuns([0, 1, 2].map(peer), 0, (i) => lost.has(i), (m) => toFollowers.push(m), 'test', 1 << 16, 5000);
+  const followers = [1, 2].map((i) => new FollowerRuns(3, (m) => toLeader.push([i, m]), 'test', 1 << 16, 5000));
+  const deliver = (): void => {
+    while (toLeader.length > 0 || toFollowers.length > 0) {
+      for (const [i, m] of toLeader.splice(0)) expect(leader.onMessage(i, m as Incoming)).toBeUndefined();
+      for (const m of toFollowers.splice(0)) for (const f of followers) if (!lost.has(followers.indexOf(f) + 1)) expect(f.onMessage(m as Incoming)).toBeUndefined();
+    }
+  };
+  return { leader, followers, lost, deliver, toFollowers };
+}
+
+describe('the run ends\' exchange', () => {
+  it('completes with every process\'s end, in process order', async () => {
+    const w = world();
+    const all = [w.leader.exchange(1, 'a'), w.followers[0]!.exchange(1, 'b'), w.followers[1]!.exchange(1, 'c')];
+    w.deliver();
+    expect(await Promise.all(all)).toEqual([['a', 'b', 'c'], ['a', 'b', 'c'], ['a', 'b', 'c']]);
+  });
+
+  it('a follower that hears of a leaving while it waits: cut for every process, also one that gives its end later', async () => {
+    const w = world();
+    const waiting = [w.leader.exchange(7, 'a'), w.followers[0]!.exchange(7, 'b')];
+    w.deliver();
+    w.followers[0]!.hit();
+    w.deliver();
+    expect(await Promise.all(waiting)).toEqual([undefined, undefined]);
+    expect(await w.followers[1]!.exchange(7, 'c')).toBeUndefined();  // it got the cut before it got there
+  });
+
+  it("the leader's hearing cuts what is open; what completed before stays complete", async () => {
+    const w = world();
+    const first = [w.leader.exchange(3, 1), w.followers[0]!.exchange(3, 2), w.followers[1]!.exchange(3, 3)];
+    w.deliver();
+    const second = [w.followers[0]!.exchange(4, 2), w.followers[1]!.exchange(4, 3)];
+    w.deliver();
+    w.leader.hit();  // heard of a leaving: run 3 is decided, run 4 open (the leader's own end not in)
+    w.followers[0]!.hit();  // its word for run 4, crossing the cut, changes nothing
+    w.deliver();
+    expect(await Promise.all(first)).toEqual([[1, 2, 3], [1, 2, 3], [1, 2, 3]]);
+    expect(await Promise.all(second)).toEqual([undefined, undefined]);
+    expect(await w.leader.exchange(4, 1)).toBeUndefined();
+  });
+
+  it('a process lost before it gave its end: the others complete without it (null)', async () => {
+    const w = world();
+    const two = [w.leader.exchange(2, 'a'), w.followers[0]!.exchange(2, 'b')];
+    w.deliver();
+    w.lost.add(2);
+    w.leader.recheck();
+    w.deliver();
+    expect(await Promise.all(two)).toEqual([['a', 'b', null], ['a', 'b', null]]);
+  });
+
+  it('refuses a follower\'s word for a run that is not a number, and an end over the limit', () => {
+    const w = world();
+    expect(w.leader.onMessage(1, { t: 'rx', seq: 'x', value: 1 })).toMatch(/run "x"/);
+    expect(w.leader.onMessage(1, { t: 'rx', seq: 1, value: 'v'.repeat(1 << 17) })).toMatch(/byte run end/);
+    expect(w.followers[0]!.onMessage({ t: 'rxall', seq: 1, values: [1] })).toMatch(/invalid result/);
+  });
+});
