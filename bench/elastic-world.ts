@@ -11,13 +11,14 @@
 import { fork } from 'node:child_process';
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 
-import { createGroup, tensor, type DispatchInput } from '../actors/index.js';
+import { createGroup, type DispatchInput } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/core/config.js';
+import { SHAPE, buffer, input, stats } from './elastic-inputs.js';
+import { freePort } from './free-port.js';
 import { provenance } from './provenance.js';
 
 const { values: flags } = parseArgs({
@@ -33,18 +34,7 @@ if (flags.help) {
   console.log('usage: node dist/bench/elastic-world.js [--layouts 2x2,3x1,2x4 (processes x ranks)] [--trials 20] [--out dir]');
   process.exit(0);
 }
-const SHAPE = { tokens: 64, hidden: 2048, topk: 4 };
 const now = (): number => performance.timeOrigin + performance.now();
-const pct = (xs: number[], p: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;
-const stats = (xs: number[]) => ({ p50: pct(xs, 50), p99: pct(xs, 99), max: Math.max(...xs), n: xs.length });
-const buffer = (W: number) => ({ maxTokensPerRank: SHAPE.tokens, hidden: SHAPE.hidden, topk: SHAPE.topk, numExperts: 8 * W });
-
-function input(W: number, r: number): DispatchInput<'bf16'> {
-  const { tokens: T, hidden: H, topk: K } = SHAPE;
-  const data = new Uint16Array(T * H).map((_, i) => 0x3f80 + ((i * 31 + r) % 97));
-  const topkIdx = Int32Array.from({ length: T * K }, (_, i) => (Math.floor(i / K) * 5 + (i % K) * 3 + r) % (8 * W));
-  return { x: tensor('bf16', [T, H], data), topkIdx, topkWeights: new Float32Array(T * K).fill(0.25) };
-}
 
 interface Spec { url: string; W: number; rankOffset: number; ranks: number; rejoin?: boolean }
 interface Report { kind: 'report'; lefts: number[]; firstAt: number; rejected: number; error?: string; i?: number; joinedAt?: number; createMs?: number }
@@ -96,14 +86,6 @@ async function child(spec: Spec): Promise<void> {
   process.send!({ kind: 'joined', joinedAt });
   await g.destroy();
   process.disconnect();
-}
-
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address() as net.AddressInfo;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
 }
 
 /** One trial: a fresh world, a random follower killed 5-30 ms into the loop; the survivors' ms. */

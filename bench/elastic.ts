@@ -18,9 +18,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 
-import { createGroup, tensor, type DispatchInput, type Group } from '../actors/index.js';
+import { createGroup, type DispatchInput, type Group } from '../actors/index.js';
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { ElasticLoopArgs, ElasticLoopResult } from './programs/elastic-loop.js';
+import { SHAPE, buffer, input, median, pct, stats } from './elastic-inputs.js';
 import { provenance } from './provenance.js';
 
 const { values: flags } = parseArgs({
@@ -37,22 +38,9 @@ if (flags.help) {
   console.log('usage: node dist/bench/elastic.js [--ranks 4,8] [--trials 20] [--rounds 10] [--iters 100] [--out dir]');
   process.exit(0);
 }
-const SHAPE = { tokens: 64, hidden: 2048, topk: 4 };
 const LOOP = new URL('./programs/elastic-loop.js', import.meta.url);
 const now = (): number => performance.timeOrigin + performance.now();
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-const pct = (xs: number[], p: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length - 1, Math.floor((p / 100) * xs.length))]!;
-const median = (xs: number[]): number => pct(xs, 50);
-const stats = (xs: number[]) => ({ p50: pct(xs, 50), p99: pct(xs, 99), max: Math.max(...xs), n: xs.length });
-const buffer = (W: number) => ({ maxTokensPerRank: SHAPE.tokens, hidden: SHAPE.hidden, topk: SHAPE.topk, numExperts: 8 * W });
-
-/** One rank's driver-mode dispatch input (seeded), or null for a rank that left. */
-function input(W: number, r: number): DispatchInput<'bf16'> {
-  const { tokens: T, hidden: H, topk: K } = SHAPE;
-  const data = new Uint16Array(T * H).map((_, i) => 0x3f80 + ((i * 31 + r) % 97));
-  const topkIdx = Int32Array.from({ length: T * K }, (_, i) => (Math.floor(i / K) * 5 + (i % K) * 3 + r) % (8 * W));
-  return { x: tensor('bf16', [T, H], data), topkIdx, topkWeights: new Float32Array(T * K).fill(0.25) };
-}
 
 async function recovery(W: number, trials: number) {
   const g = await createGroup({ backend: 'host', ranks: W, buffer: buffer(W), elastic: true });

@@ -3,9 +3,9 @@
 // k on GPU k with createGroup({ ranks: 1, devices: [k], world })). Either way the same rank program
 // runs and the launcher gets every rank's result, in rank order, to report as one group's.
 import { fork, type ChildProcess } from 'node:child_process';
-import net from 'node:net';
 
 import { createGroup, type BufferConfig } from '../actors/index.js';
+import { freePort } from './free-port.js';
 
 export interface Layout {
   name: string;
@@ -25,14 +25,6 @@ export interface RunOptions {
   buffer: BufferConfig;
   program: URL;
   args: unknown;
-}
-
-async function freePort(): Promise<number> {
-  const server = net.createServer();
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-  const { port } = server.address() as net.AddressInfo;
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  return port;
 }
 
 /** GPU names and the program's results in rank order; undefined in a child (it has sent its part). */

@@ -9,7 +9,6 @@
 // time the scale-out exchanges took. Writes bench/results/scaleout-host-<date>.json.
 import { fork } from 'node:child_process';
 import { mkdirSync, writeFileSync } from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -17,6 +16,7 @@ import { parseArgs } from 'node:util';
 
 import { PACKAGE_ROOT } from '../actors/core/config.js';
 import type { MoeLoopResult } from './programs/moe-loop.js';
+import { freePort } from './free-port.js';
 import { commit, command, machine } from './provenance.js';
 
 const { values: flags } = parseArgs({
@@ -50,14 +50,6 @@ interface ChildResult { loop: MoeLoopResult[]; looped: Traffic[]; dispatch: Traf
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)] ?? NaN;
 const sum = (xs: number[]): number => xs.reduce((a, b) => a + b, 0);
-
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const { port } = s.address() as net.AddressInfo;
-  await new Promise<void>((r) => s.close(() => r()));
-  return port;
-}
 
 async function runWorld(twoLevel: boolean): Promise<ChildResult[]> {
   const url = `tcp://127.0.0.1:${await freePort()}`;

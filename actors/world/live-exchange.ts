@@ -3,7 +3,8 @@
 // runs gives null; the exchange fails only if the leader is lost (it relays every value: a star), the
 // session closes, or a survivor gives nothing within the timeout. Its own numbering ('lx' messages):
 // the formation's exchanges refuse after a loss, these are made for it. A second one ('jx') carries
-// the rejoins' agreements (actors/elastic-join.ts), numbered apart from the re-formings'.
+// the rejoins' agreements (actors/elastic-join.ts), numbered apart from the re-formings'. The leader's
+// table of what it gathered (Gathering) also serves the run ends' exchange (world/run-exchange.ts).
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
 import type { RendezvousPeer } from './rendezvous.js';
@@ -19,6 +20,26 @@ export const REFORM: LiveKind = { ask: 'lx', all: 'lxall' };
 export const REJOIN: LiveKind = { ask: 'jx', all: 'jxall' };
 
 interface Waiter { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
+
+/** What a leader gathered of one exchange: each process's value, and which gave one. */
+export interface Gathering { values: unknown[]; have: boolean[] }
+
+/** A new entry for `processes` processes. */
+export const gathering = (processes: number): Gathering => ({ values: Array(processes).fill(null), have: Array(processes).fill(false) });
+
+/** Records process `index`'s value; false if it had given one (the first counts). */
+export function give(g: Gathering, index: number, value: unknown): boolean {
+  if (g.have[index]) return false;
+  g.values[index] = value ?? null;
+  g.have[index] = true;
+  return true;
+}
+
+/** The values once every process not lost gave one (null for a lost one), else undefined. */
+export function gathered(g: Gathering, isLost: (index: number) => boolean): unknown[] | undefined {
+  if (!g.have.every((h, i) => h || isLost(i))) return undefined;
+  return g.values.map((v, i) => (g.have[i] && !isLost(i) ? v : null));
+}
 
 function checked(value: unknown, where: string, seq: number): unknown {
   const wire = toWire(value, `survivors' exchange #${seq} value`);
@@ -49,7 +70,7 @@ abstract class LiveSide {
 
 /** The leader's side: gathers the values of the processes not lost and hands the result to every one. */
 export class LeaderLive extends LiveSide {
-  private readonly pending = new Map<number, { values: unknown[]; have: boolean[]; waiter?: Waiter }>();
+  private readonly pending = new Map<number, Gathering & { waiter?: Waiter }>();
 
   constructor(
     private readonly peers: readonly RendezvousPeer[],
@@ -103,25 +124,21 @@ export class LeaderLive extends LiveSide {
 
   private entry(seq: number) {
     let p = this.pending.get(seq);
-    if (!p) this.pending.set(seq, (p = { values: this.peers.map(() => null), have: this.peers.map(() => false) }));
+    if (!p) this.pending.set(seq, (p = gathering(this.peers.length)));
     return p;
   }
 
   private contribute(seq: number, index: number, value: unknown): void {
     if (seq <= this.seq && !this.pending.has(seq) && index !== this.self) return;  // one we gave up on
-    const p = this.entry(seq);
-    if (p.have[index]) return;
-    p.values[index] = value ?? null;
-    p.have[index] = true;
-    this.complete(seq);
+    if (give(this.entry(seq), index, value)) this.complete(seq);
   }
 
   private complete(seq: number): void {
     const p = this.pending.get(seq);
-    if (!p?.waiter || !p.have.every((h, i) => h || this.isLost(i))) return;
+    const values = p?.waiter ? gathered(p, this.isLost) : undefined;
+    if (!p?.waiter || !values) return;
     this.pending.delete(seq);
     clearTimeout(p.waiter.timer);
-    const values = p.values.map((v, i) => (p.have[i] && !this.isLost(i) ? v : null));
     this.broadcast({ t: this.kind.all, seq, values });
     p.waiter.resolve(values);
   }

@@ -10,6 +10,7 @@
 // process that rejected run k before it began (actors/elastic.ts, rejectThrough) never gives one.
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
+import { gathered, gathering, give, type Gathering } from './live-exchange.js';
 import type { RendezvousPeer } from './rendezvous.js';
 
 /** The exchange's result: the values (null for a process lost), or undefined: cut, a rank left while it ran. */
@@ -52,7 +53,7 @@ abstract class RunSide {
 
 /** The leader's side: gathers, completes or cuts, and tells every follower which. */
 export class LeaderRuns extends RunSide {
-  private readonly open = new Map<number, { values: unknown[]; have: boolean[]; waiter?: Waiter }>();
+  private readonly open = new Map<number, Gathering & { waiter?: Waiter }>();
   private readonly completed = new Recent();
 
   constructor(
@@ -116,7 +117,7 @@ export class LeaderRuns extends RunSide {
   private entry(run: number) {
     let p = this.open.get(run);
     if (!p) {
-      this.open.set(run, (p = { values: this.peers.map(() => null), have: this.peers.map(() => false) }));
+      this.open.set(run, (p = gathering(this.peers.length)));
       // Entries only followers gave, beyond any legitimate number: the oldest goes.
       const stale = this.open.size > MAX_OPEN ? [...this.open].find(([, e]) => !e.waiter) : undefined;
       if (stale) this.open.delete(stale[0]);
@@ -126,20 +127,16 @@ export class LeaderRuns extends RunSide {
 
   private contribute(run: number, index: number, value: unknown): void {
     if (this.cut.has(run) || this.completed.has(run)) return;  // decided: the follower was told
-    const p = this.entry(run);
-    if (p.have[index]) return;
-    p.values[index] = value ?? null;
-    p.have[index] = true;
-    this.complete(run);
+    if (give(this.entry(run), index, value)) this.complete(run);
   }
 
   private complete(run: number): void {
     const p = this.open.get(run);
-    if (!p?.waiter || !p.have.every((h, i) => h || this.isLost(i))) return;
+    const values = p?.waiter ? gathered(p, this.isLost) : undefined;
+    if (!p?.waiter || !values) return;
     this.open.delete(run);
     this.completed.add(run);
     clearTimeout(p.waiter.timer);
-    const values = p.values.map((v, i) => (p.have[i] && !this.isLost(i) ? v : null));
     this.broadcast({ t: 'rxall', seq: run, values });
     p.waiter.resolve(values);
   }

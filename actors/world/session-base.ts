@@ -5,7 +5,7 @@
 import { RankflowError } from '../core/errors.js';
 import { LIMITS, jsonBytes, toWire, who } from './protocol.js';
 import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
-import type { FollowerLive, LeaderLive } from './live-exchange.js';
+import type { FollowerLive, Gathering, LeaderLive } from './live-exchange.js';
 import type { FollowerRuns, LeaderRuns, RunEnds } from './run-exchange.js';
 
 /** The largest value one process may put into an exchange: the gathered line must stay under the line limit. */
@@ -13,9 +13,7 @@ export function exchangeLimit(processes: number): number {
   return Math.floor((LIMITS.lineBytes - (64 << 10)) / processes);
 }
 
-export interface PendingExchange {
-  values: unknown[];
-  have: boolean[];
+export interface PendingExchange extends Gathering {
   settle?: { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout };
 }
 

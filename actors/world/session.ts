@@ -6,7 +6,7 @@
 // that breaks the protocol is cut off, and reported lost with what it sent.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { FollowerLive, LeaderLive, REJOIN } from './live-exchange.js';
+import { FollowerLive, LeaderLive, REJOIN, gathering, give } from './live-exchange.js';
 import { FollowerRuns, LeaderRuns } from './run-exchange.js';
 import {
   LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who,
@@ -178,7 +178,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   private entry(seq: number): PendingExchange {
     let p = this.pending.get(seq);
     if (p === undefined) {
-      p = { values: new Array<unknown>(this.peers.length).fill(null), have: new Array<boolean>(this.peers.length).fill(false) };
+      p = gathering(this.peers.length);
       this.pending.set(seq, p);
     }
     return p;
@@ -188,9 +188,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     // Values for an exchange we already gave up on (timed out) are late: drop them.
     if (seq <= this.seq && !this.pending.has(seq) && index !== this.self) return;
     const p = this.entry(seq);
-    if (p.have[index]) return;  // a second value from one process: the first one stands
-    p.values[index] = value ?? null;
-    p.have[index] = true;
+    if (!give(p, index, value)) return;  // a second value from one process: the first one stands
     if (!p.have.every(Boolean) || p.settle === undefined) return;
     this.pending.delete(seq);
     clearTimeout(p.settle.timer);
