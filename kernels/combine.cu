@@ -23,7 +23,7 @@
 // has reduced, and waits for every peer's `done` before the kernel ends (a peer may still read my x
 // until then). Ranks sharing a GPU thus read every received row once instead of three times (two
 // ranks, 4096 tokens: 352 MB instead of 587 MB moved).
-// A group of one rank runs rf_combine_local instead (at the end of this file).
+// A group of one rank runs rf_combine_local instead (kernels/combine_local.cu).
 // A wait that gives up (common.cuh) skips the work after it; nothing is signalled by a rank that gave up.
 // Elastic: no rank outside the live mask is signalled or waited for, and no row of one is summed.
 #include "moe.cuh"
@@ -37,22 +37,6 @@ constexpr int kReduceUnroll = 4;
 // The sources whose weights a reduce loads before the rows (the rest after them).
 constexpr int kEarlyWeights = 2;
 
-__device__ __forceinline__ void add8(float* acc, const int4& v) {
-  const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    acc[2 * j] += bf_lo(w[j]);
-    acc[2 * j + 1] += bf_hi(w[j]);
-  }
-}
-
-__device__ __forceinline__ int4 pack8(const float* acc) {
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    w[j] = uint32_t(float_to_bf16(acc[2 * j])) | (uint32_t(float_to_bf16(acc[2 * j + 1])) << 16);
-  return make_int4(int(w[0]), int(w[1]), int(w[2]), int(w[3]));
-}
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs args) {
@@ -312,157 +296,5 @@ extern "C" __global__ void __launch_bounds__(512) rf_combine(const CombineArgs a
   if (pull && last_block_arrived(a.arrivals) && peer) {
     if (!gave_up(a.arrivals)) signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
     wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseCombineData, tid);
-  }
-}
-
-// rf_combine_local: the combine of a group of one rank (launch.cc picks it; no peer, so no signal, no
-// wait and no arrival). Each token's output is its one row (if it went to me: mask bit 0) plus the
-// biases, in fp32 in that order and rounded as rf_combine rounds: the same bits. A kernel of its
-// own because rf_combine's peer paths hold 128 registers per thread, one block of 512 threads per
-// SM: 16 warps with 4 loads each in flight did not keep HBM busy (1 rank, 4096 tokens: 44 µs, the
-// copy of the same bytes 31 µs).
-// Balanced (issue 36, v37): the op is T x ceil(nvec / 32) groups of 32 vectors (a group is one warp
-// load, all in one token's row), and warp w of the grid takes the contiguous groups
-// [Q w / warps, Q (w + 1) / warps): every warp moves the same bytes, whereas a warp per token left
-// 4096 tokens on 3168 warps as one full round and a 29% one (the op's tail). A warp's routing (slot
-// and mask of 32 tokens from its first, lane l: token + l) is loaded once, before its first row
-// loads; each group's slot is a shuffle away, not a load after the mask's. Its tokens' weights (those
-// whose first group is in its range) are loaded at the start and stored at the end.
-// RF_CL_PIPE: the next step's loads are issued before this step's sums and stores (two steps in
-// flight per warp, kLocalUnroll loads each). RF_CL_CS: the output rows stored with st.global.cs.
-#ifndef RF_CL_UNROLL
-#define RF_CL_UNROLL 8
-#endif
-#ifndef RF_CL_PIPE
-#define RF_CL_PIPE 0
-#endif
-#ifndef RF_CL_MINB
-#define RF_CL_MINB 2
-#endif
-#ifndef RF_CL_CS
-#define RF_CL_CS 0
-#endif
-namespace {
-constexpr int kLocalUnroll = RF_CL_UNROLL;
-__device__ __forceinline__ void st_out_v4(void* p, const int4& v) {
-#if RF_CL_CS
-  asm volatile("st.global.cs.v4.s32 [%0], {%1, %2, %3, %4};" : : "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-#else
-  st_v4(p, v);
-#endif
-}
-}  // namespace
-
-extern "C" __global__ void __launch_bounds__(256, RF_CL_MINB) rf_combine_local(const CombineArgs args) {
-  const MoeShape& m = args.m;
-  const MoeState& st = args.st;
-  const CombineIn& in = args.in;
-  const int K = m.topk, lane = int(threadIdx.x) & 31;
-  const float* wsrc = in.topk_weights != nullptr ? in.topk_weights : st.recv_topk_weights;
-  const char* x = reinterpret_cast<const char*>(in.x);
-  const char* bias0 = reinterpret_cast<const char*>(in.bias0);
-  const char* bias1 = reinterpret_cast<const char*>(in.bias1);
-  char* ox = reinterpret_cast<char*>(args.out.x);
-  const int64_t row = int64_t(m.hidden) * 2, nvec = row / 16, T = in.num_tokens;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
-  const int64_t wid = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
-  const uint64_t live = live_ranks(args.r) & 1u;
-  const int gpr = int((nvec + kWarpSize - 1) / kWarpSize), nv = int(nvec);  // groups per row (32-bit indices: fewer registers)
-  const int64_t Q = T * gpr;
-  const int q0 = int(Q * wid / warps), q1 = int(Q * (wid + 1) / warps);
-  if (q0 >= q1) return;
-  // The weights of the tokens whose first group is mine: the first 32 (token, k) now, stored at the end.
-  const int ts = (q0 + gpr - 1) / gpr, te = (q1 + gpr - 1) / gpr, nw = (te - ts) * K;
-  float w0 = 0.0f;
-  bool m0 = false;
-  int wt0 = 0;
-  int wk0 = 0;
-  if (lane < nw) {
-    wt0 = ts + lane / K, wk0 = lane % K;
-    m0 = (st.dest_mask[wt0] & live) != 0;
-    const int s = st.send_slot[wt0];
-    if (m0) w0 = wsrc[int64_t(s) * K + wk0];
-  }
-  // The routing window: lane l holds token tw + l's slot and whether it came to me.
-  int tw = q0 / gpr;
-  int wslot = 0, wmine = 0;
-  auto load_window = [&](int t0) {
-    const int t = t0 + lane;
-    wslot = t < T ? st.send_slot[t] : 0;
-    wmine = t < T && (st.dest_mask[t] & live) != 0 ? 1 : 0;
-  };
-  load_window(tw);
-  constexpr int U = kLocalUnroll;
-  // A step: U groups from (token t, group g of its row), flat group q.
-  auto load_step = [&](int4 (&v)[U], unsigned& bits, int t, int g, int q) {
-    if (t + U > tw + kWarpSize) {  // warp-uniform; only rows of fewer than U groups get here
-      tw = t;
-      load_window(tw);
-    }
-    bits = 0;
-    int tu = t, gu = g;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u != 0 && ++gu >= gpr) gu = 0, ++tu;
-      const int sl = __shfl_sync(0xffffffffu, wslot, (tu - tw) & 31);
-      const int mn = __shfl_sync(0xffffffffu, wmine, (tu - tw) & 31);
-      const int i = gu * kWarpSize + lane;
-      if (q + u < q1 && mn != 0) {
-        bits |= 1u << u;
-        if (i < nv) v[u] = ld_nc_v4(x + int64_t(sl) * row + int64_t(i) * 16);
-      }
-    }
-  };
-  auto store_step = [&](const int4 (&v)[U], unsigned bits, int t, int g, int q) {
-    int tu = t, gu = g;
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      if (u != 0 && ++gu >= gpr) gu = 0, ++tu;
-      const int i = gu * kWarpSize + lane;
-      if (q + u >= q1 || i >= nv) continue;
-      const int64_t at = int64_t(tu) * row + int64_t(i) * 16;
-      float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if ((bits >> u) & 1u) add8(acc, v[u]);
-      if (bias0 != nullptr) add8(acc, ld_nc_v4(bias0 + at));
-      if (bias1 != nullptr) add8(acc, ld_nc_v4(bias1 + at));
-      st_out_v4(ox + at, pack8(acc));
-    }
-  };
-  auto advance = [&](int& t, int& g) {
-    g += U;
-    while (g >= gpr) g -= gpr, ++t;
-  };
-  int t = tw, g = q0 - tw * gpr;
-#if RF_CL_PIPE
-  int4 v[U];
-  unsigned bits;
-  load_step(v, bits, t, g, q0);
-  for (int q = q0; q < q1; q += U) {
-    int tn = t, gn = g;
-    advance(tn, gn);
-    int4 vn[U];
-    unsigned bn = 0;
-    if (q + U < q1) load_step(vn, bn, tn, gn, q + U);
-    store_step(v, bits, t, g, q);
-#pragma unroll
-    for (int u = 0; u < U; ++u) v[u] = vn[u];
-    bits = bn, t = tn, g = gn;
-  }
-#else
-  for (int q = q0; q < q1; q += U) {
-    int4 v[U];
-    unsigned bits;
-    load_step(v, bits, t, g, q);
-    store_step(v, bits, t, g, q);
-    advance(t, g);
-  }
-#endif
-  if (lane < nw) args.out.topk_weights[int64_t(wt0) * K + wk0] = m0 ? 0.0f + w0 : 0.0f;
-  for (int j = lane + kWarpSize; j < nw; j += kWarpSize) {  // more than 32 (token, k) pairs: rows of few groups
-    const int64_t tj = ts + j / K;
-    const int k = j % K;
-    const bool mj = (st.dest_mask[tj] & live) != 0;
-    const float wj = mj ? wsrc[int64_t(st.send_slot[tj]) * K + k] : 0.0f;
-    args.out.topk_weights[tj * K + k] = mj ? 0.0f + wj : 0.0f;
   }
 }
