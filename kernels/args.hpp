@@ -352,7 +352,8 @@ struct CombineArgs {
   CombineIn in;
   CombineOut out;
   uint64_t fingerprint = 0;              // as DispatchArgs: the handle's, carried by `enter`
-  int32_t send_blocks = 0, pad = 0;
+  int32_t send_blocks = 0;
+  int32_t pull = 0;                      // ranks sharing one GPU in one process, x a device tensor: kernels/combine.cu
 };
 
 // ---- Two levels (kernels/two_level.cu; native/src/backends/cuda/two_level_moe.cc) ----

@@ -9,8 +9,9 @@
 //   buffer over NVLink, already compacted at row offset + index (receive order: source rank, then
 //   token), with scales, local expert ids (-1 elsewhere), weights (0 elsewhere) and the source token.
 //   The last block to finish signals `done` to every rank (itself too); every block waits for all
-//   `done`s, then the grid keeps src_token and weights in the state (for combine) and copies the
-//   outputs out of the buffer when asked to.
+//   `done`s, then the grid keeps the other ranks' rows' src_token and weights in the state (for combine;
+//   my own rows' went into the state with the rows) and copies the outputs out of the buffer when
+//   asked to (alone with the outputs in the buffer, a block ends after its rows).
 // rf_dispatch_fused (a dispatch without a CPU sync, device inputs, outputs in the buffer): the two in
 //   one launch. Block 0 does the notify's counting and talking to the peers; blocks 1.. each route a
 //   run of tokens (notify.cuh, `fused`) and then copy those same tokens, at the offsets the receivers'
@@ -18,6 +19,8 @@
 //   themselves). Block 0 counts in the end once it has read the peers' counts, not after writing the
 //   state (the kernel's end orders that before the next op). RANKFLOW_FUSED_DISPATCH=0 runs
 //   rf_dispatch_notify + rf_dispatch_data.
+// rf_dispatch_local (a group of one rank, outputs in the buffer): the data kernel's stores with no
+//   signal and no wait, at its own register count (see there).
 // Elastic: no rank outside the live mask is signalled or waited for (the routing sends it nothing).
 #include "notify.cuh"
 
@@ -174,10 +177,12 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
         const bool to_p = owner == p;
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.topk_idx))[o * K + lane] = to_p ? e - p * epr : -1;
         reinterpret_cast<float*>(b + uint64_t(m.buf.topk_weights))[o * K + lane] = to_p ? w : 0.0f;
+        if (p == rank) st.recv_topk_weights[o * K + lane] = to_p ? w : 0.0f;  // my own rows' state: now
       }
       if (lane == 0) {
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_token))[o] = int32_t(t);
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_rank))[o] = rank;
+        if (p == rank) st.recv_src_token[o] = int32_t(t);
       }
       for (int i = lane; i < S; i += kWarpSize)
         reinterpret_cast<float*>(b + uint64_t(m.buf.scales))[o * S + i] = in.scales[t * S + i];
@@ -187,17 +192,23 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   // The rows I receive: in the state, or (fused: block 0 may still be writing the state) the sum of
   // the peers' rank counts, read before this block's arrival: after it, a peer that got my `done`
   // may already have given me its next op's count in the same slot.
-  __shared__ int received;
+  __shared__ int received, own_rows;
   if (own_from_counts) {
-    if (tid == 0) received = 0;
+    if (tid == 0) received = 0, own_rows = 0;
     __syncthreads();
     uint64_t n = 0;
-    if (tid < W && ok && rank_live(live, tid) && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n))
+    if (tid < W && ok && rank_live(live, tid) && wait_signal(slot_at(mine, a.ws, a.ws.rank_count, tid), seq, a, kPhaseDispatchData, tid, &n)) {
       atomicAdd(&received, int(n));
+      if (tid == rank) own_rows = int(n);
+    }
   }
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
   if (last_block_arrived(arrivals) && tid < W && rank_live(live, tid) && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
+  // Alone, with the outputs in the buffer, nothing is left once my own rows are stored: their state
+  // went with them. (One rank, 4096 tokens: the wait for the last block's `done` and the state's copy
+  // after it were the op's tail.)
+  if (W == 1 && out.x == nullptr) return;
   ok = true;
   if (tid < W && rank_live(live, tid)) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
   if (!__syncthreads_and(ok)) return;
@@ -209,8 +220,12 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   const int64_t gtid = int64_t(part.block) * blockDim.x + tid;
   const int32_t* rtok = reinterpret_cast<const int32_t*>(b + uint64_t(m.buf.src_token));
   const float* rw = reinterpret_cast<const float*>(b + uint64_t(m.buf.topk_weights));
-  for (int64_t o = gtid; o < num; o += gthreads) st.recv_src_token[o] = rtok[o];
-  for (int64_t i = gtid; i < num * K; i += gthreads) st.recv_topk_weights[i] = rw[i];
+  // The state of the other ranks' rows (mine is there already: [own_lo, own_hi)).
+  const int64_t own_lo = offs[rank], own_hi = own_lo + (own_from_counts ? own_rows : st.recv_offset[rank + 1] - st.recv_offset[rank]);
+  for (int64_t o = gtid; o < num; o += gthreads)
+    if (o < own_lo || o >= own_hi) st.recv_src_token[o] = rtok[o];
+  for (int64_t i = gtid; i < num * K; i += gthreads)
+    if (i < own_lo * K || i >= own_hi * K) st.recv_topk_weights[i] = rw[i];
   if (out.x != nullptr) {
     const char* rx = reinterpret_cast<const char*>(b + uint64_t(m.buf.x));
     char* ox = static_cast<char*>(out.x);
@@ -270,4 +285,78 @@ extern "C" __global__ void __launch_bounds__(512) rf_dispatch_fused(const FusedD
   const DataPart mine{t_lo, t_hi, threadIdx.x / kWarpSize, blockDim.x / kWarpSize, alone ? 1u : gridDim.x - 1,
                       alone ? 0u : blockIdx.x - 1};
   data_phase(args.data, mine, /*own_from_counts=*/true, end, ok, peers);
+}
+
+// rf_dispatch_local: the data kernel of a group of one rank whose outputs stay in the buffer (launch.cc
+// picks it; a cached dispatch's: the routing is in the state). Every token goes to me or nowhere, at row
+// send_slot[t] (my rows start at 0), with data_phase's stores, its state (source token, weights,
+// send_offset) and no signal, wait or arrival: nobody else reads my buffer, and my later work is
+// later in my stream. A kernel of its own for its registers: rf_dispatch_data holds 106 (the peers'
+// paths), one block of 512 per SM; here 3 blocks of 256 per SM with the same 8 loads per lane.
+extern "C" __global__ void __launch_bounds__(256, 3) rf_dispatch_local(const DispatchArgs args) {
+  const RankArgs& a = args.r;
+  const MoeShape& m = args.m;
+  const MoeState& st = args.st;
+  const DispatchIn& in = args.in;
+  const int K = m.topk, E = m.num_experts, lane = int(threadIdx.x) & 31;
+  if (gave_up(a.arrivals)) return;  // as data_phase: a rank that gave up moves nothing
+  if (blockIdx.x == 0 && threadIdx.x == 0) st.send_offset[0] = st.recv_offset[0];
+  const uint64_t b = buf_base(a, a.peers, 0), live = live_ranks(a) & 1u;
+  const int64_t row = int64_t(m.hidden) * in.x_elem_bytes, nvec = row / 16, T = in.num_tokens;
+  const int S = in.scales != nullptr ? int(m.buf.scales_per_token) : 0;
+  const char* x = static_cast<const char*>(in.x);
+  char* bx = reinterpret_cast<char*>(b + uint64_t(m.buf.x));
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
+  const int64_t first = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
+  const RowChunks rc = row_chunks(T, warps, nvec);
+  constexpr int64_t kStep = int64_t(kWarpSize) * kUnroll;
+  for (int64_t j = first; j < T * rc.chunks; j += warps) {
+    const int64_t t = j / rc.chunks, chunk = j - t * rc.chunks;
+    const char* src = x + t * row;
+    const int64_t lo = chunk * rc.vecs, hi = min(nvec, lo + rc.vecs);
+    int4 v[kUnroll];  // the first step, the routing and the topk loaded at once (data_phase's reason)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = lo + u * kWarpSize + lane;
+      if (i < hi) v[u] = ld_nc_v4(src + i * 16);
+    }
+    const bool mine = (st.dest_mask[t] & live) != 0;
+    const int64_t o = st.send_slot[t];
+    int e = -1;
+    float w = 0.0f;
+    if (chunk == 0 && lane < K) {
+      e = in.topk_idx[t * K + lane];
+      w = in.topk_weights[t * K + lane];
+    }
+    if (!mine) continue;
+    char* dst = bx + o * row;
+    for (int64_t base = lo; base < hi; base += kStep) {
+      if (base != lo) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t i = base + u * kWarpSize + lane;
+          if (i < hi) v[u] = ld_nc_v4(src + i * 16);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = base + u * kWarpSize + lane;
+        if (i < hi) st_v4(dst + i * 16, v[u]);
+      }
+    }
+    if (chunk != 0) continue;
+    if (lane < K) {
+      const bool to_me = e >= 0 && e < E;  // every expert is mine
+      reinterpret_cast<int32_t*>(b + uint64_t(m.buf.topk_idx))[o * K + lane] = to_me ? e : -1;
+      reinterpret_cast<float*>(b + uint64_t(m.buf.topk_weights))[o * K + lane] = to_me ? w : 0.0f;
+      st.recv_topk_weights[o * K + lane] = to_me ? w : 0.0f;
+    }
+    if (lane == 0) {
+      reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_token))[o] = int32_t(t);
+      reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_rank))[o] = 0;
+      st.recv_src_token[o] = int32_t(t);
+    }
+    for (int i = lane; i < S; i += kWarpSize)
+      reinterpret_cast<float*>(b + uint64_t(m.buf.scales))[o * S + i] = in.scales[t * S + i];
+  }
 }

@@ -13,7 +13,7 @@
 include_guard(GLOBAL)
 
 set(RF_KERNELS_DIR "${CMAKE_CURRENT_LIST_DIR}")
-set(RF_KERNEL_NAMES barrier all_gather notify dispatch combine session engram graph busy two_level)
+set(RF_KERNEL_NAMES barrier all_gather notify dispatch combine combine_local session engram graph busy two_level)
 set(RF_CUDA_ARCHS "" CACHE STRING "GPU architectures for the kernels (e.g. 80;90;100); empty: RANKFLOW_CUDA_ARCHS, else 80;90;100 as nvcc allows")
 # The single architecture of earlier builds; a build folder configured then would still hold it.
 unset(RF_CUDA_ARCH CACHE)

@@ -40,6 +40,8 @@ constexpr int64_t kSignalTagWord = 2;
 // Words 3-5 of an `enter` slot: the addresses a peer reduction (rf_peer_reduce) publishes with its
 // enter: its input, its output, and which of them are offsets into its window (bit 0: input, bit 1:
 // output; else device addresses, valid for peers of its process). Same lifetime as the payload.
+// A combine in pull mode (kernels/combine.cu) publishes its x and its weights' device addresses in
+// words 3 and 4 of its enter slot alike.
 constexpr int64_t kSignalAddrWord = 3;
 // Word 6 of rank 0's `enter` slots in a peer reduction of ranks sharing a GPU: where the workspace's
 // ticket (WorkspaceLayout::ticket) stood as rank 0 entered, the first chunk's number.

@@ -7,7 +7,7 @@
 // before a kill replayed after it, a kill during graph replay, a kill while barrier kernels wait on
 // the GPU, a device wait that times out. Prints kill -> rankLeft (API.md: within 200 ms on cuda).
 // RANKFLOW_ELASTIC_REPS (default 2), RANKFLOW_ELASTIC_CASES (comma list; default all),
-// RANKFLOW_ELASTIC_OPS (kill loop, default 300) choose what runs; RANKFLOW_ELASTIC_CHILD_MS bounds a child (240 s).
+// RANKFLOW_ELASTIC_OPS (kill loop, default 300), RANKFLOW_ELASTIC_GRAPH_REPS (the graph kill, default 4) choose what runs; RANKFLOW_ELASTIC_CHILD_MS bounds a child (240 s).
 import { spawn } from 'node:child_process';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -21,11 +21,16 @@ before(() => requireGpu());
 const here = path.dirname(fileURLToPath(import.meta.url));
 const reps = Number(process.env.RANKFLOW_ELASTIC_REPS ?? 2);
 const ops = Number(process.env.RANKFLOW_ELASTIC_OPS ?? 300);
+const graphReps = Number(process.env.RANKFLOW_ELASTIC_GRAPH_REPS ?? 4);
 const CHILD_MS = Number(process.env.RANKFLOW_ELASTIC_CHILD_MS ?? 240_000);
 // [case, world sizes]: two ranks leaving needs a third to stay; the kill loop kills while more than 2 serve.
 const ALL = [
   ['dispatch and combine mask a dead rank, then a replacement serves', [2, 4]],
-  ['a graph captured before a kill replays after it, right', [2, 4]],
+  // Its loop kills a rank while device-tensor combines replay: the survivors' pull-mode combines read the
+  // dying rank's tensors (kernels/combine.cu), so it and the kill during device combines run at W = 8
+  // too and GRAPH_REPS times.
+  ['a graph captured before a kill replays after it, right', [2, 4, 8]],
+  ['a kill during device combines', [2, 4, 8]],
   ['an op in flight when a rank dies', [2, 4]],
   ['a kill while barrier kernels wait on the GPU', [2, 4]],
   ['a device wait that times out leaves', [2, 4]],
@@ -56,7 +61,7 @@ const flat = (rs, k) => rs.flatMap((r) => (r[k] === undefined ? [] : [].concat(r
 
 for (const [name, sizes] of cases)
   for (const W of sizes) {
-    const n = name === 'kill loop' ? 1 : reps;
+    const n = name === 'kill loop' ? 1 : name.startsWith('a graph captured') || name === 'a kill during device combines' ? graphReps : reps;
     test(`${name}, ${W} ranks sharing GPU 0: ${n} time(s) in a child process, never a hang, never a wrong result`, { timeout: CHILD_MS + 10_000 }, async () => {
       const r = await runCase(name, W, n);
       assert.equal(r.signal, null, `killed (a hang past ${CHILD_MS} ms?): ${r.err}`);

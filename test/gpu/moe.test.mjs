@@ -399,11 +399,13 @@ for (const layout of layouts([2, 4])) {
 // RANKFLOW_FUSED_DISPATCH=0 the same op runs as its two kernels and gives the same bytes.
 const FUSED_BUFFER = { ...MOE_BUFFER, maxTokensPerRank: 3000 };
 const FUSED_CASES = {
+  // One rank: its own rows' state goes with the rows, and with the outputs in the buffer the data kernel ends after them.
+  1: [{ tokens: [3000] }, { tokens: [100], numSms: 1 }, { tokens: [2999], fp8: true, numSms: 7 }, { tokens: [100], routing: 'one' }],
   2: [{ tokens: [3000, 1777] }, { tokens: [100, 77], numSms: 1 }, { tokens: [3000, 129], fp8: true, numSms: 7 }, { tokens: [100, 77], routing: 'one' }],
   4: [{ tokens: [3000, 1777, 0, 1025] }, { tokens: [100, 77, 0, 128], numSms: 1 }, { tokens: [1025, 3, 2999, 64], fp8: true, numSms: 7 }, { tokens: [0, 0, 0, 5] }],
 };
 
-for (const layout of layouts([2, 4])) {
+for (const layout of layouts([1, 2, 4])) {
   const W = layout.ranks;
   const program = new URL('./programs/moe-fused.mjs', import.meta.url);
 
@@ -439,6 +441,7 @@ for (const layout of layouts([2, 4])) {
           const R = d.x.shape[0], T = k.tokens[r], ci = combineInput(seed, r, R);
           return { x: tensor('bf16', [R, hidden], ci.x), handle: d.handle, topkWeights: ci.w, bias: [tensor('bf16', [T, hidden], biasInput(seed, r, T))] };
         }));
+        const hp = await host.combine(h.map((d, r) => ({ x: tensor('bf16', [d.x.shape[0], hidden], combineInput(seed, r, d.x.shape[0]).x), handle: d.handle })));
         const args = { seed, tokens: k.tokens, recv: h.map((d) => d.x.shape[0]), rows: W * FUSED_BUFFER.maxTokensPerRank, numSms: k.numSms, fp8: k.fp8, routing: k.routing };
         // An op of no tokens on every rank first (fused as well): the count below is of this case's dispatch.
         const was = (await fused.run(program, { ...args, tokens: k.tokens.map(() => 0), recv: k.tokens.map(() => 0) })).map((o) => o.fusedDispatches);
@@ -455,8 +458,12 @@ for (const layout of layouts([2, 4])) {
           same(o.srcToken, w.srcToken, `${at}: srcToken`);
           same(o.combineX, hc[r].x.data, `${at}: combine x`);
           same(o.combineW, hc[r].topkWeights, `${at}: combine weights`);
+          for (const f of ['x', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken']) same(o.cached[f], o[f], `${at}: cached dispatch, ${f}`);
+          if (k.fp8) same(o.cached.scales, o.scales, `${at}: cached dispatch, scales`);
+          same(o.plainX, hp[r].x.data, `${at}: combine without weights or bias, x`);
+          same(o.plainW, hp[r].topkWeights, `${at}: combine without weights or bias, weights`);
           assert.equal(o.fusedDispatches, was[r] + 1, `${at}: one fused dispatch`);
-          for (const f of ['x', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken', 'combineX', 'combineW']) same(ref[r][f], o[f], `${at}: ${f}, two kernels`);
+          for (const f of ['x', 'topkIdx', 'topkWeights', 'srcRank', 'srcToken', 'combineX', 'combineW', 'plainX', 'plainW']) same(ref[r][f], o[f], `${at}: ${f}, two kernels`);
           assert.equal(ref[r].fusedDispatches, 0, `${at}: RANKFLOW_FUSED_DISPATCH=0 runs two kernels`);
         });
       });

@@ -1,9 +1,10 @@
 // Rank program of test/gpu/moe.test.mjs: a dispatch without a CPU sync (outputsInBuffer), which cuda
 // runs as one kernel (notify and data: rf_dispatch_fused in kernels/dispatch.cu) unless
 // RANKFLOW_FUSED_DISPATCH=0, then a combine through its handle. Returns the first recv[rank] rows of
-// every output view (the test knows them from the host group) and the combine's results (its inputs
+// every output view (the test knows them from the host group) and the combines' results (their inputs
 // have the worst case of `rows` rows, the first recv[rank] of them the host group's). numSms sets the
-// dispatch's grid (1: one block routes and copies every token).
+// dispatch's grid (1: one block routes and copies every token). The second combine (`plain`) has no
+// weights and no bias.
 import { MOE_BUFFER, biasInput, combineInput, moeInput } from '../moe-inputs.mjs';
 
 const host = (t) => t.toHost().data;
@@ -26,6 +27,17 @@ export default async function (rank, { seed, tokens, recv, rows, numSms, fp8, ro
     srcRank: host(d.srcRank).slice(0, R),
     srcToken: host(d.srcToken).slice(0, R),
   };
+  // The same routing again, cached (the handle's state; one rank: rf_dispatch_local): the same outputs,
+  // and the combines below run on its state.
+  const k = await rank.dispatch({ x, ...(scales ? { scales } : {}), handle: d.handle }, { outputsInBuffer: true });
+  out.cached = {
+    x: host(k.x).slice(0, R * hidden),
+    scales: k.scales ? host(k.scales).slice(0, R * (hidden / 128)) : null,
+    topkIdx: host(k.topkIdx).slice(0, R * topk),
+    topkWeights: host(k.topkWeights).slice(0, R * topk),
+    srcRank: host(k.srcRank).slice(0, R),
+    srcToken: host(k.srcToken).slice(0, R),
+  };
   const ci = combineInput(seed, rank.rank, R);
   const px = new Uint16Array(rows * hidden), pw = new Float32Array(rows * topk);
   px.set(ci.x);
@@ -36,6 +48,13 @@ export default async function (rank, { seed, tokens, recv, rows, numSms, fp8, ro
   const c = await rank.combine({ x: cx, handle: d.handle, topkWeights: cw, bias });
   out.combineX = host(c.x);
   out.combineW = host(c.topkWeights);
+  // Again with neither weights nor bias: the dispatch's weights (the handle's state) and, for a token
+  // with one source row, the reduce's one-row path.
+  const c2 = await rank.combine({ x: cx, handle: d.handle });
+  out.plainX = host(c2.x);
+  out.plainW = host(c2.topkWeights);
+  c2.x.free();
+  c2.topkWeights.free();
   out.fusedDispatches = (await rank.info()).device.fusedDispatches;
   for (const t of [x, scales, topkIdx, topkWeights, cx, cw, bias, c.x, c.topkWeights]) t?.free();
   return out;

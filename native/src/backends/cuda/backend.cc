@@ -282,6 +282,12 @@ void CudaBackend::destroy() noexcept {
     if (busy_stream_ != nullptr) d->cuStreamSynchronize(busy_stream_), d->cuStreamDestroy(busy_stream_);
     for (CUevent* e : {&op_start_, &op_end_, &pinned_done_[0], &pinned_done_[1]})
       if (*e != nullptr) d->cuEventDestroy(*e);
+    // Its peers on this GPU pull rows from this rank's tensors (kernels/combine.cu pull mode). A healthy
+    // op ends only once every peer read them (its last block waits for their done), but after a failure
+    // (a peer gone, this worker terminated) this rank's kernels gave up early and a peer's may still be
+    // reading: everything launched before now ends first (they give up once told, by their abort words,
+    // which this thread does not hold up), then the memory goes.
+    if (failing && c_.cfg.device_share > 1) d->cuCtxSynchronize();
     pool_.destroy();  // scratch, segments and staging too
     if (stream_ != nullptr) d->cuStreamDestroy(stream_);
     if (registered_ != nullptr) d->cuMemHostUnregister(registered_);

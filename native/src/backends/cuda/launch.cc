@@ -17,6 +17,7 @@ constexpr int kNotifyThreads = 1024;  // rf_dispatch_notify's __launch_bounds__
 constexpr int64_t kNotifyOneBlockTokens = 1024;
 constexpr int64_t kNotifyBlockTokens = 256;
 constexpr int kDataThreads = 512;     // rf_dispatch_data's and rf_combine's
+constexpr int kLocalThreads = 256;    // rf_combine_local's and rf_dispatch_local's
 constexpr int kCopyThreads = 256;     // rf_all_gather's and rf_put's
 constexpr int kSignalThreads = kMaxRanks;
 constexpr int kPeerReduceThreads = 512;  // rf_peer_reduce's
@@ -101,11 +102,13 @@ void Launcher::prepare(CUstream s) {
   keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, false);  // one block: launched without the attribute
   if (c) keep<kargs::NotifyArgs>(k_.notify, kNotifyThreads, true);
   keep<kargs::DispatchArgs>(k_.dispatch_data, kDataThreads, c);
+  keep<kargs::DispatchArgs>(k_.dispatch_local, kLocalThreads, false);
   // No graph for rf_dispatch_fused: with one kept for it as well, captured graphs of cached dispatches
   // replayed by 2 ranks sharing GPU 0 timed out in 2 of 3 fresh groups (a rank's data kernel never
   // ended; 0 of 3 without it, with 441a5fd's addon or this one). The cause was not established, as for the
   // graphs made at first launch above; the fused kernel launches with cuLaunchKernelEx.
   keep<kargs::CombineArgs>(k_.combine, kDataThreads, c);
+  keep<kargs::CombineArgs>(k_.combine_local, kLocalThreads, false);
   keep<kargs::ReduceArgs>(k_.reduce, 256, false);
   keep<kargs::PeerReduceArgs>(k_.peer_reduce, kPeerReduceThreads, c);
   keep<kargs::FetchArgs>(k_.fetch, 256, false);
@@ -134,6 +137,12 @@ int Launcher::occupancy(CUfunction f, int threads, int smem) const {
   n = std::max(1, n);
   occupancy_[key] = n;
   return n;
+}
+
+// A one-rank kernel's grid: as many blocks as fit on `num_sms` SMs (0: the rank's share).
+int Launcher::local_grid(CUfunction f, int num_sms) const {
+  const int sms = num_sms > 0 ? num_sms : std::max(1, sm_count_ / share_);
+  return grid_for(f, kLocalThreads, 0, sms * occupancy(f, kLocalThreads, 0));
 }
 
 int Launcher::grid_for(CUfunction f, int threads, int smem, int requested) const {
@@ -261,6 +270,10 @@ void Launcher::dispatch_notify(CUstream s, const kargs::NotifyArgs& a) const {
 
 void Launcher::dispatch_data(CUstream s, const kargs::DispatchArgs& a, int num_sms) const {
   check_data(a);
+  if (a.r.world == 1 && a.out.x == nullptr) {  // alone, outputs in the buffer: rf_dispatch_local (kernels/dispatch.cu)
+    launch(k_.dispatch_local, "dispatch data", local_grid(k_.dispatch_local, num_sms), kLocalThreads, 0, s, a, false);
+    return;
+  }
   launch(k_.dispatch_data, "dispatch data", grid_for(k_.dispatch_data, kDataThreads, 0, num_sms), kDataThreads, 0, s, a,
          true);
 }
@@ -293,10 +306,14 @@ void Launcher::combine(CUstream s, kargs::CombineArgs a, int num_sms, int send_b
                   "combine: x, the biases and out.x must be 16-byte aligned.");
   RF_CUDA_REQUIRE(a.in.num_tokens == 0 || (a.out.x != nullptr && a.out.topk_weights != nullptr),
                   "combine: out.x and out.topkWeights are required.");
+  if (a.r.world == 1) {  // no peer: rf_combine_local, every block of the rank's SMs that fits (kernels/combine.cu)
+    launch(k_.combine_local, "combine", local_grid(k_.combine_local, num_sms), kLocalThreads, 0, s, a, false);
+    return;
+  }
   const int blocks = grid_for(k_.combine, kDataThreads, 0, num_sms);
   int split = send_blocks < 0 ? std::max(1, blocks / 3) : send_blocks;  // 1/3: best at 24 and 132 SMs
   const bool flags_fit = a.m.buf.combine_flags + a.m.buf.slots * 8 <= a.m.buf.bytes;
-  if (blocks < 2 || a.r.world < 2 || !flags_fit) split = 0;
+  if (blocks < 2 || a.r.world < 2 || !flags_fit || a.pull != 0) split = 0;  // pull: nothing is sent
   a.send_blocks = std::min(split, blocks - 1);
   launch(k_.combine, "combine", blocks, kDataThreads, 0, s, a, true);
 }

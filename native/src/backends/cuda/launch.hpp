@@ -53,6 +53,8 @@ class Launcher {
   // The blocks a grid of kernel f may have: `requested` (0 = the rank's share of the SMs), capped by
   // what can be resident at once while every rank sharing the GPU runs the same.
   int grid_for(CUfunction f, int threads, int smem, int requested) const;
+  // rf_combine_local's and rf_dispatch_local's: every block of theirs that fits on num_sms SMs.
+  int local_grid(CUfunction f, int num_sms) const;
   int sm_count() const { return sm_count_; }
   int share() const { return share_; }
 

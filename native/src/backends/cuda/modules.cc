@@ -25,7 +25,10 @@ Modules::Modules() {
     const CUmodule dispatch = load("dispatch");
     k_.dispatch_data = entry(dispatch, "dispatch", "rf_dispatch_data");
     k_.dispatch_fused = entry(dispatch, "dispatch", "rf_dispatch_fused");
-    k_.combine = entry(load("combine"), "combine", "rf_combine");
+    k_.dispatch_local = entry(dispatch, "dispatch", "rf_dispatch_local");
+    const CUmodule combine = load("combine");
+    k_.combine = entry(combine, "combine", "rf_combine");
+    k_.combine_local = entry(load("combine_local"), "combine_local", "rf_combine_local");
     const CUmodule session = load("session");
     k_.signal = entry(session, "session", "rf_signal");
     k_.put = entry(session, "session", "rf_put");

@@ -11,7 +11,8 @@ namespace rankflow::cuda {
 
 struct KernelSet {
   CUfunction barrier = nullptr, all_gather = nullptr, notify = nullptr, dispatch_data = nullptr, dispatch_fused = nullptr,
-             combine = nullptr,
+             dispatch_local = nullptr,
+             combine = nullptr, combine_local = nullptr,
              signal = nullptr, put = nullptr, reduce = nullptr, peer_reduce = nullptr, fetch = nullptr, epoch_advance = nullptr, busy = nullptr,
              tl_copy = nullptr, tl_fold = nullptr, tl_finish = nullptr;  // two_level.cu
 };

@@ -370,6 +370,9 @@ void CudaBackend::combine(uint64_t seq, DispatchLayout& l, const CombineInput& i
     a.in = cin;
     a.out = cout;
     a.fingerprint = l.fingerprint;
+    // Every rank of the world a rank of this process on this GPU, x a device tensor: the reduce reads
+    // the peers' rows where they lie (their addresses are valid here), with no send (kernels/combine.cu).
+    a.pull = device && world() > 1 && c_.cfg.device_share == world() ? 1 : 0;
     launch_->combine(stream_, a, in.num_sms);
     time_end();
   });

@@ -1,0 +1,100 @@
+// Rows of the issue-36 bench's width (hidden 7168): the kernels' paths for rows of many 32-vector
+// groups (rf_combine_local's group ranges, the data kernel's steps) and fp8 scales of 16-byte vectors
+// (56 per token: the data kernel copies them with the row), each op bit for bit against the host group
+// given the same inputs (driver mode). Fresh and cached dispatch, bf16 and fp8; combine with 0 and 1
+// biases, with and without weights; 1, 2 and 4 ranks sharing GPU 0.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+
+import { createGroup, layouts, requireGpu, tensor } from './helpers.mjs';
+import { MOE_BUFFER, biasInput, combineInput, moeInput } from './moe-inputs.mjs';
+
+// This file's own process: moe-inputs reads the shape from MOE_BUFFER when called.
+Object.assign(MOE_BUFFER, { hidden: 7168, maxTokensPerRank: 160, bytes: 256 << 20 });
+const { hidden } = MOE_BUFFER;
+
+before(() => requireGpu());
+
+const bytes = (a) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+const same = (got, want, what) => {
+  assert.equal(got.length, want.length, `${what}: length`);
+  assert.ok(bytes(got).equals(bytes(want)), `${what}: bytes differ`);
+};
+const TOKENS = { 1: [150], 2: [150, 77], 4: [150, 77, 0, 129] };
+
+function inputs(seed, tokens, fp8) {
+  return tokens.map((T, r) => {
+    const i = moeInput(seed, r, T, { fp8 });
+    return {
+      x: tensor(fp8 ? 'fp8e4m3' : 'bf16', [T, hidden], i.x),
+      ...(fp8 ? { scales: tensor('fp32', [T, hidden / 128], i.scales) } : {}),
+      topkIdx: i.topkIdx,
+      topkWeights: i.topkWeights,
+    };
+  });
+}
+
+function sameDispatch(got, want, label) {
+  want.forEach((w, r) => {
+    const g = got[r];
+    const at = `${label}, rank ${r}`;
+    assert.deepEqual(g.x.shape, w.x.shape, `${at}: x.shape`);
+    same(g.x.data, w.x.data, `${at}: x`);
+    if (w.scales) same(g.scales.data, w.scales.data, `${at}: scales`);
+    same(g.topkIdx, w.topkIdx, `${at}: topkIdx`);
+    same(g.topkWeights, w.topkWeights, `${at}: topkWeights`);
+    same(g.srcRank, w.srcRank, `${at}: srcRank`);
+    same(g.srcToken, w.srcToken, `${at}: srcToken`);
+  });
+}
+
+for (const layout of layouts([1, 2, 4])) {
+  const W = layout.ranks;
+  const tokens = TOKENS[W];
+  describe(`hidden ${hidden}: dispatch and combine on cuda equal the host executor: ${layout.name}`, () => {
+    let cuda;
+    let host;
+    before(async () => {
+      cuda = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: MOE_BUFFER });
+      host = await createGroup({ backend: 'host', ranks: W, buffer: MOE_BUFFER });
+    });
+    after(async () => {
+      await cuda?.destroy();
+      await host?.destroy();
+    });
+
+    for (const fp8 of [false, true]) {
+      test(`${fp8 ? 'fp8 + scales' : 'bf16'}: dispatch, cached dispatch, combine`, async () => {
+        const seed = fp8 ? 7 : 3;
+        const ins = inputs(seed, tokens, fp8);
+        const [c, h] = [await cuda.dispatch(ins), await host.dispatch(ins)];
+        sameDispatch(c, h, 'fresh');
+        assert.ok(c.some((d) => d.x.shape[0] > 0));
+        const again = (res) => tokens.map((T, r) => {
+          const i = moeInput(seed + 100, r, T, { fp8 });
+          return { x: tensor(fp8 ? 'fp8e4m3' : 'bf16', [T, hidden], i.x), ...(fp8 ? { scales: tensor('fp32', [T, hidden / 128], i.scales) } : {}), handle: res[r].handle };
+        });
+        const [ck, hk] = [await cuda.dispatch(again(c)), await host.dispatch(again(h))];
+        sameDispatch(ck, hk, 'cached');
+        for (const biases of [0, 1])
+          for (const weights of [true, false]) {
+            const mk = (res) => res.map((d, r) => {
+              const ci = combineInput(seed + biases, r, d.x.shape[0]);
+              const T = d.handle.numTokens;
+              return {
+                x: tensor('bf16', [d.x.shape[0], hidden], ci.x),
+                handle: d.handle,
+                ...(weights ? { topkWeights: ci.w } : {}),
+                ...(biases ? { bias: [tensor('bf16', [T, hidden], biasInput(seed, r, T))] } : {}),
+              };
+            });
+            const [gc, gh] = [await cuda.combine(mk(ck)), await host.combine(mk(hk))];
+            gh.forEach((w, r) => {
+              same(gc[r].x.data, w.x.data, `${biases} biases, weights ${weights}: combine x, rank ${r}`);
+              same(gc[r].topkWeights, w.topkWeights, `${biases} biases, weights ${weights}: combine weights, rank ${r}`);
+            });
+          }
+      });
+    }
+  });
+}
