@@ -99,7 +99,7 @@ describe('the new leader killed too', () => {
   it.each([[[1, 1, 1]], [[1, 1, 1, 1]]])('%j: process 0 and then process 1 (which took over): the others go on, every result right', async (layout) => {
     const W = sum(layout), ops = 200, gone = [0, 1];
     const { done, killedAt } = await killLeaders(layout, ops, [[0, 40], [1, 110]], 13, { deadSets: [[0, 1]] });
-    const times: number[] = [];
+    const times: number[] = [], first: number[] = [];
     for (const d of done) {
       expect(d.errors).toEqual([]);
       expect(d.succeeded + d.rejected + d.skipped).toBe(ops);
@@ -108,8 +108,38 @@ describe('the new leader killed too', () => {
       expect(d.state).toBe('degraded');
       expect(d.liveRanks).toEqual(all(W).filter((g) => !gone.includes(g)));
       times.push(d.lefts.find((l) => l.rank === 1)!.at - killedAt[1]!);
+      const after = (d.firstOps as number[]).at(-1)!;
+      expect(after).toBeGreaterThan(killedAt[1]!);
+      first.push(after - killedAt[1]!);
     }
-    console.log(`${JSON.stringify(layout)}, the second leader killed: kill -> rankLeft ${f(times)}`);
+    console.log(`${JSON.stringify(layout)}, the second leader killed: kill -> rankLeft ${f(times)}; kill -> first survivor op ${f(first)}`);
+  }, 120_000);
+});
+
+describe('range 0 rejoined, then the leader that took over SIGKILLed', () => {
+  it('[1, 1, 1]: process 0 leads again (the rejoiner, the lowest survivor), every result right', async () => {
+    const { survivors, spec } = await killLeaders([1, 1, 1], 60, [[0, 25]], 17, { phase2: 120, at2: true });
+    const r = forkFixture('elastic-world-child', spec(0, { rejoin: true }));
+    children.push(r);
+    expect(await r.next('ready', 30_000)).toMatchObject({ liveRanks: [0, 1, 2] });
+    for (const c of survivors) expect(await c.next('joined', 30_000)).toMatchObject({ state: 'ready' });
+    const [one, two] = survivors as [Child, Child];
+    let killedAt = 0;
+    one.proc.on('message', (m: Message) => {
+      if (m.kind === 'at2' && m.i === 50 && !killedAt) setTimeout(() => { killedAt = now(); one.proc.kill('SIGKILL'); }, 2);
+    });
+    const done = (await Promise.all([r, two].map((c) => c.next('done2', 60_000)))) as Done[];
+    expect(await one.exited).toBe('SIGKILL');
+    for (const d of done) {
+      expect(d.errors).toEqual([]);
+      expect(d.succeeded + d.rejected + d.skipped).toBe(120);
+      expect(d.rejected).toBeLessThanOrEqual(3);
+      expect(d.lefts.filter((l) => l.at > killedAt).map((l) => l.rank)).toEqual([1]);
+      expect({ state: d.state, liveRanks: d.liveRanks }).toEqual({ state: 'degraded', liveRanks: [0, 2] });
+      expect(d.firstOp).not.toBeNull();
+    }
+    console.log(`[1,1,1], range 0 rejoined, then the new leader (process 1) killed: kill -> rankLeft ${f(done.flatMap((d) => d.lefts.filter((l) => l.rank === 1).map((l) => l.at - killedAt)))}; ` +
+      `kill -> first survivor op ${f(done.map((d) => d.firstOp! - killedAt))}`);
   }, 120_000);
 });
 
