@@ -93,6 +93,7 @@ export class ElasticSession implements ElasticRendezvous {
         last = server;
       }
       const r = await reach(this.f, old, this.me, deadline);
+      if (this.closed) return r.kind === 'resumed' ? r.ch.destroy() : undefined;  // the group was destroyed meanwhile
       if (r.kind === 'resumed') {
         debug('%s: resumed with the new leader %s', where, who(old.peers[r.leader]!));
         return old.reconnect(r.ch, r.leader, r.lost);
