@@ -6,7 +6,8 @@
 // its workspace (ops/membership.cc), which its ops read: they leave the ranks outside it out.
 // In a world the ranks of another process leave when it is lost or announces their failure, and the
 // survivor processes agree on the numbers and the mask through the survivors' exchange
-// (elastic-world.ts); a process started with world.rejoin takes a range back (elastic-join.ts).
+// (elastic-world.ts); a process started with world.rejoin takes a range back (elastic-join.ts). The
+// leader process's loss is one more such loss: another process takes over its relay (world/takeover.ts).
 // replaceRank(r) starts a fresh worker and context for r at the group's numbers; the survivors map
 // its window over the old one and a barrier with it ends the join: the group is 'ready' again.
 import type { EventEmitter } from 'eventemitter3';
@@ -42,7 +43,7 @@ export class Membership {
   private rv?: Rendezvous;
   /** a world's: the mask the survivors last agreed on and wrote; they re-form until it is every process's */
   private agreed: bigint;
-  /** a world whose leader process was lost cannot re-form: the group failed (API.md) */
+  /** a world whose leader process was lost and no process took over cannot re-form: the group failed (API.md) */
   broken?: RankflowError;
   /** a world's: the group ops started, the point a rejoin is taken in at (elastic-join.ts) */
   private started = 0;
@@ -117,11 +118,11 @@ export class Membership {
     rv.onPeerLost((lost: PeerLost) => {
       if (this.joining?.peer.rankOffset === lost.rankOffset) this.abandon(this.joining, `the rejoining process was lost (${lost.reason})`);
       const error = (g: number) => new RankflowError('RANK_FAILED', `rank ${g} is gone: its process left the world (${lost.reason})`, { rank: g });
-      if (lost.rankOffset === 0) return this.fail(lost);
       for (let g = lost.rankOffset; g < lost.rankOffset + lost.localRanks; g++) this.gone(g, error(g));
     });
     rv.onRankFailed((f) => this.gone(f.rank, new RankflowError('RANK_FAILED', f.message, { rank: f.rank, phase: f.phase })));
     const erv = rv as ElasticRendezvous;
+    erv.onBroken?.((e) => this.fail(e));
     if (typeof erv.onRejoin === 'function') erv.onRejoin({ rejoining: (r) => this.rejoining(r), ended: (i, why) => {
       if (this.nextRejoin?.index === i) this.nextRejoin = undefined;
       else if (this.joining?.index === i) this.abandon(this.joining, why);
@@ -251,11 +252,10 @@ export class Membership {
   }
   private readonly joinFail = new WeakMap<Joining, (e: RankflowError) => void>();
 
-  /** The leader process (rank 0's, which relays the survivors' exchange) was lost: the world cannot re-form; every rank fails, as without elastic. */
-  private fail(lost: PeerLost): void {
-    this.broken ??= new RankflowError('RANK_FAILED', `the world's leader process (ranks [0, ${lost.localRanks}), which holds the rendezvous) was lost ` +
-      `(${lost.reason}): an elastic world does not outlive its leader; create the group again`, { rank: 0 });
-    for (let g = 0; g < lost.localRanks; g++) this.ranks.failedElsewhere(g, this.broken, true);
+  /** The leader process was lost and no process took over its relay (world/takeover.ts): the world cannot re-form; every rank fails, as without elastic. */
+  private fail(e: RankflowError): void {
+    this.broken ??= new RankflowError('RANK_FAILED', e.message, { ...(e.rank !== undefined ? { rank: e.rank } : {}), cause: e });
+    this.live.forEach((_, g) => (g >= this.offset && g < this.offset + this.ranks.handles.length) || this.ranks.failedElsewhere(g, this.broken!, true));
   }
 
   /** Local rank `local` failed (Ranks.markFailed): it leaves; its peers' ops end with RANK_FAILED, and the group goes on without it. */

@@ -96,6 +96,8 @@ export function planGroup(opts: GroupOptions): GroupPlan {
   if (opts.observers !== undefined && (!Array.isArray(opts.observers) || opts.observers.some((o) => typeof o?.attach !== 'function')))
     throw invalid('observers', 'must be an array of objects with attach(group)');
   const elastic = checkElastic(opts.elastic, backend, world !== undefined, ranksPerNode < worldSize);
+  // Before the world is met: a rejoin at rankOffset 0 follows whoever leads (world/takeover.ts), so it must not wait for one in vain.
+  if (world?.rejoin && !elastic) throw invalid('world.rejoin', 'needs elastic: true (a rejoin takes back a range that left an elastic world)');
   const firstSeq = checkTestFirstSeq(config.testFirstSeq);
   const signal = checkSignal('signal', opts.signal);
   if (signal?.aborted) throw abortError('createGroup', signal);

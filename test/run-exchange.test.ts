@@ -15,7 +15,7 @@ const peer = (rankOffset: number): RendezvousPeer => ({ rankOffset, localRanks: 
 function world() {
   const lost = new Set<number>();
   const toLeader: Array<[number, Message]> = [], toFollowers: Message[] = [];
-  const leader = new LeaderRuns([0, 1, 2].map(peer), 0, (i) => lost.has(i), (m) => toFollowers.push(m), 'test', 1 << 16, 5000);
+  const leader = new LeaderRuns([0, 1, 2].map(peer), 0, (i) => lost.has(i), { broadcast: (m) => void toFollowers.push(m), sendTo: () => {} }, 'test', 1 << 16, 5000);
   const followers = [1, 2].map((i) => new FollowerRuns(3, (m) => toLeader.push([i, m]), 'test', 1 << 16, 5000));
   const deliver = (): void => {
     while (toLeader.length > 0 || toFollowers.length > 0) {

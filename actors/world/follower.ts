@@ -1,4 +1,4 @@
-// A follower of a forming world (every process but the one with rankOffset 0): connects to the
+// A follower of a forming world (every process but the one with rankOffset 0, and every rejoiner): connects to the
 // leader, retrying until it listens; answers its challenge and checks its proof (auth.ts), so the
 // table comes from a process that knows the token; sends its join and waits for the table.
 //
@@ -16,7 +16,7 @@ import { AUTHENTICATED, Channel, UNAUTHENTICATED } from './channel.js';
 import { describeMissing, errorProblem, rangesProblem, refusedProblem, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
 import type { Forming, RejoinedAt, Rendezvous, RendezvousPeer } from './rendezvous.js';
 import { rejoinedProblem, toRejoined } from './rejoin.js';
-import { FollowerSession } from './session.js';
+import { FollowerSession } from './follower-session.js';
 
 const debug = debuglog('rankflow');
 
@@ -125,7 +125,8 @@ function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: s
         settle({ kind: 'error', error: new RankflowError(m.code as never, m.message as string, m.rank === undefined ? undefined : { rank: m.rank as number }) });
       } else if (m.t === 'table') {
         const problem = tableProblem(m.peers, self) ??
-          (self.rejoin ? rejoinedProblem(m.rejoined, self.worldSize) : m.rejoined !== undefined ? 'a table of a rejoin, to a process that joins' : undefined);
+          (self.rejoin ? rejoinedProblem(m.rejoined, self.worldSize) ?? leaderProblem(m.rejoined, m.peers as RendezvousPeer[], self)
+            : m.rejoined !== undefined ? 'a table of a rejoin, to a process that joins' : undefined);
         if (problem) return invalid('table', problem);
         // Whatever follows the table in the same chunk (a loss, say) is the session's to handle.
         ch.hold();
@@ -148,4 +149,11 @@ function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: s
     }
     f.signal?.addEventListener('abort', onAbort, { once: true });
   });
+}
+
+/** A rejoiner's table names the leader that admitted it: another process of the table. */
+function leaderProblem(r: unknown, peers: RendezvousPeer[], self: Join): string | undefined {
+  const leader = (r as Record<string, unknown>).leader;
+  if (leader === undefined) return undefined;
+  return (leader as number) < peers.length && peers[leader as number]!.rankOffset !== self.rankOffset ? undefined : `rejoined.leader ${String(leader)} is not another process of the table`;
 }

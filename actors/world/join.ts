@@ -41,7 +41,6 @@ export function checkWorld(w: unknown, localRanks: number): WorldOptions {
   checkKnownKeys('world', w, WORLD_KEYS);
   const { size, rankOffset, rendezvous: url, token: given, nodeId: named, rejoin } = w as WorldOptions;
   if (rejoin !== undefined && typeof rejoin !== 'boolean') throw invalid('world.rejoin', `must be a boolean (got ${String(rejoin)})`);
-  if (rejoin === true && rankOffset === 0) throw invalid('world.rejoin', 'cannot be set with rankOffset 0: the leader holds the rendezvous, and an elastic world does not outlive it');
   if (!Number.isInteger(size) || size < 1 || size > 64) throw invalid('world.size', `must be an integer in [1, 64] (got ${String(size)})`);
   if (!Number.isInteger(rankOffset) || rankOffset < 0 || rankOffset + localRanks > size)
     throw invalid('world.rankOffset', `(${String(rankOffset)}) + ranks (${localRanks}) must fit in world.size (${size})`);

@@ -5,6 +5,9 @@
 // the formation's exchanges refuse after a loss, these are made for it. A second one ('jx') carries
 // the rejoins' agreements (actors/elastic-join.ts), numbered apart from the re-formings'. The leader's
 // table of what it gathered (Gathering) also serves the run ends' exchange (world/run-exchange.ts).
+// When the leader is lost (takeover.ts), a follower hands on its count, the exchanges it waits on and
+// the last ones it saw complete; the new leader gives every waiting process the result one of them saw
+// (the old leader may have told some and not others), and gathers the others anew without the old one.
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
 import type { RendezvousPeer } from './rendezvous.js';
@@ -12,7 +15,9 @@ import type { RendezvousPeer } from './rendezvous.js';
 /** The largest value a process gives: a membership's numbers (elastic.ts) are ~100 bytes. */
 export const LIVE_VALUE_BYTES = 4096;
 // How far a follower may run ahead of the leader: in step, at most one.
-const MAX_AHEAD = 16;
+export const MAX_AHEAD = 16;
+// Completed exchanges each side remembers for a change of leader: in step, a process is at most one past another.
+export const DONE_KEPT = 4;
 
 /** The two kinds: the re-formings' ('lx') and the rejoins' ('jx'). */
 export type LiveKind = { ask: 'lx'; all: 'lxall' } | { ask: 'jx'; all: 'jxall' };
@@ -20,6 +25,15 @@ export const REFORM: LiveKind = { ask: 'lx', all: 'lxall' };
 export const REJOIN: LiveKind = { ask: 'jx', all: 'jxall' };
 
 interface Waiter { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
+
+/** A follower's exchanges as it hands them on at a change of leader (the wire form has no waiters: world/resume.ts). */
+export interface LiveHandOver {
+  at: number;
+  waiting: Array<{ seq: number; value: unknown; waiter?: Waiter }>;
+  done: Array<{ seq: number; values: unknown[] }>;
+}
+/** What the leader sends: to every process (a completed exchange), or to one (a result it missed). */
+export interface LeaderOut { broadcast(m: Message): void; sendTo(index: number, m: Message): void }
 
 /** What a leader gathered of one exchange: each process's value, and which gave one. */
 export interface Gathering { values: unknown[]; have: boolean[] }
@@ -71,12 +85,14 @@ abstract class LiveSide {
 /** The leader's side: gathers the values of the processes not lost and hands the result to every one. */
 export class LeaderLive extends LiveSide {
   private readonly pending = new Map<number, Gathering & { waiter?: Waiter }>();
+  /** the exchanges completed lately and their results (for a follower that resumes waiting on one) */
+  private readonly decided = new Map<number, unknown[]>();
 
   constructor(
     private readonly peers: readonly RendezvousPeer[],
     private readonly self: number,
     private readonly isLost: (index: number) => boolean,
-    private readonly broadcast: (m: Message) => void,
+    private readonly out: LeaderOut,
     where: string,
     timeoutMs: number,
     kind: LiveKind = REFORM,
@@ -112,6 +128,48 @@ export class LeaderLive extends LiveSide {
     for (const seq of [...this.pending.keys()]) this.complete(seq);
   }
 
+  /** This process, a follower until now, leads: its count, its exchanges waiting (its values given), those it saw complete. */
+  adopt(h: LiveHandOver): void {
+    this.seq = h.at;
+    for (const d of h.done) this.remember(d.seq, d.values);
+    for (const w of h.waiting) {
+      const values = this.decided.get(w.seq);
+      if (values !== undefined) {
+        if (w.waiter) (clearTimeout(w.waiter.timer), w.waiter.resolve(values));
+        continue;
+      }
+      const p = this.entry(w.seq);
+      p.waiter = w.waiter;
+      give(p, this.self, w.value);
+      this.complete(w.seq);
+    }
+  }
+
+  /** Follower `index` resumed (checked: world/resume.ts): the results it saw complete end those exchanges; its waiting values count, or it gets the result. */
+  resume(index: number, h: LiveHandOver): void {
+    for (const d of h.done) if (!this.decided.has(d.seq)) this.finish(d.seq, d.values);
+    for (const w of h.waiting) {
+      const values = this.decided.get(w.seq);
+      if (values !== undefined) this.out.sendTo(index, { t: this.kind.all, seq: w.seq, values });
+      else this.contribute(w.seq, index, w.value);
+    }
+  }
+
+  /** Exchange `seq` completed elsewhere, with these values: every process that waits on it here gets them. */
+  private finish(seq: number, values: unknown[]): void {
+    this.remember(seq, values);
+    const p = this.pending.get(seq);
+    if (!p) return;
+    this.pending.delete(seq);
+    p.have.forEach((h, i) => h && i !== this.self && this.out.sendTo(i, { t: this.kind.all, seq, values }));
+    if (p.waiter) (clearTimeout(p.waiter.timer), p.waiter.resolve(values));
+  }
+
+  private remember(seq: number, values: unknown[]): void {
+    this.decided.set(seq, values);
+    if (this.decided.size > DONE_KEPT) this.decided.delete(this.decided.keys().next().value!);
+  }
+
   fail(error: RankflowError): void {
     this.failed ??= error;
     for (const [seq, p] of this.pending) {
@@ -139,14 +197,16 @@ export class LeaderLive extends LiveSide {
     if (!p?.waiter || !values) return;
     this.pending.delete(seq);
     clearTimeout(p.waiter.timer);
-    this.broadcast({ t: this.kind.all, seq, values });
+    this.remember(seq, values);
+    this.out.broadcast({ t: this.kind.all, seq, values });
     p.waiter.resolve(values);
   }
 }
 
 /** A follower's side: sends its value to the leader and waits for the gathered ones. */
 export class FollowerLive extends LiveSide {
-  private readonly waiting = new Map<number, Waiter>();
+  private readonly waiting = new Map<number, Waiter & { value: unknown }>();
+  private readonly done: Array<{ seq: number; values: unknown[] }> = [];
 
   constructor(
     private readonly processes: number,
@@ -170,7 +230,7 @@ export class FollowerLive extends LiveSide {
         this.waiting.delete(seq);
         reject(new RankflowError('TIMEOUT_CPU', `${this.where}: survivors' exchange #${seq}: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
       }, timeoutMs);
-      this.waiting.set(seq, { resolve, reject, timer });
+      this.waiting.set(seq, { resolve, reject, timer, value: wire });
       this.send({ t: this.kind.ask, seq, value: wire });
     });
   }
@@ -183,8 +243,15 @@ export class FollowerLive extends LiveSide {
     if (!w) return undefined;  // timed out here
     this.waiting.delete(m.seq);
     clearTimeout(w.timer);
+    this.done.push({ seq: m.seq, values: m.values as unknown[] });
+    if (this.done.length > DONE_KEPT) this.done.shift();
     w.resolve(m.values as unknown[]);
     return undefined;
+  }
+
+  /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader answers. */
+  handOver(): LiveHandOver {
+    return { at: this.seq, waiting: [...this.waiting].map(([seq, w]) => ({ seq, value: w.value, waiter: w })), done: [...this.done] };
   }
 
   fail(error: RankflowError): void {

@@ -67,6 +67,8 @@ export type Message =
   | { t: 'rejoining'; index: number; peer: RendezvousPeer }
   | { t: 'revived'; index: number }
   | { t: 'rejoinEnded'; index: number; reason: string }
+  | { t: 'resume'; worldSize: number; rankOffset: number; localRanks: number; pid: number; hostId: string; nodeId: string; lost: number[]; live: unknown; joins: unknown; runs: unknown }
+  | { t: 'resumed'; leader: number; pid: number; lost: number[] }
   | { t: 'bye' };
 
 /** What a Channel delivers: a JSON object with a string `t`, and nothing else known yet. */

@@ -11,7 +11,8 @@ import type { RejoinedAt, RendezvousPeer } from './rendezvous.js';
 const MAX_NUMBER = 2 ** 53;
 
 /** Why the leader refuses this rejoin, or undefined. `lost`: the indices of the processes lost. */
-export function rejoinProblem(m: Incoming, peers: readonly RendezvousPeer[], lost: ReadonlySet<number>, busy: boolean, worldSize: number): string | undefined {
+export function rejoinProblem(m: Incoming, peers: readonly RendezvousPeer[], lost: ReadonlySet<number>, busy: boolean, worldSize: number, leaderIndex = 0): string | undefined {
+  if (m.t === 'resume') return 'it resumes after a leader was lost, but this leader serves (it lost its connection, not the world its leader)';
   if (m.t !== 'join') return `it sent ${quote(m.t)} instead of a join`;
   if (m.rejoin !== true) return 'the world formed already: only a process started with world.rejoin may join it now, to take back a range that left';
   if (!isInt(m.worldSize, 1, 64)) return `worldSize ${quote(m.worldSize)} is not an integer in [1, 64]`;
@@ -25,7 +26,7 @@ export function rejoinProblem(m: Incoming, peers: readonly RendezvousPeer[], los
     return `ranks [${j.rankOffset}, ${j.rankOffset + j.localRanks}) are not the range of one process of the world (its processes: ${peers.map(who).join(', ')})`;
   if (!lost.has(index)) return `${who(was)} serves: a rejoin takes back a range whose process was lost`;
   if (busy) return 'another rejoin is in progress: one at a time';
-  const leader = peers[0]!;
+  const leader = peers[leaderIndex]!;
   if (j.hostId !== leader.hostId || j.nodeId !== leader.nodeId)
     return `it runs on ${j.hostId} (node ${j.nodeId}), the world on ${leader.hostId} (node ${leader.nodeId}): an elastic world's processes share memory, on one host`;
   if (!isObject(j.payload) || j.payload.config !== leader.payload.config || j.payload.withHost !== leader.payload.withHost)
@@ -39,11 +40,12 @@ export function rejoinedProblem(r: unknown, worldSize: number): string | undefin
   if (typeof r.mask !== 'string' || !/^[0-9a-f]{1,16}$/.test(r.mask) || BigInt(`0x${r.mask}`) >> BigInt(worldSize) !== 0n) return `rejoined.mask ${quote(r.mask)} is not a mask of the world`;
   for (const k of ['epoch', 'seq', 'started', 'liveSeq', 'joinSeq'] as const) if (!isInt(r[k], 0, MAX_NUMBER)) return `rejoined.${k} ${quote(r[k])} is not a count`;
   if (!isInt(r.sessions, 0, 2 ** 32 - 1)) return `rejoined.sessions ${quote(r.sessions)} is not a count`;
+  if (r.leader !== undefined && !isInt(r.leader, 0, worldSize - 1)) return `rejoined.leader ${quote(r.leader)} is not a process index`;
   return undefined;
 }
 
 /** Only the fields of a checked RejoinedAt. */
 export function toRejoined(r: Record<string, unknown>): RejoinedAt {
-  const { mask, epoch, sessions, seq, started, liveSeq, joinSeq } = r as unknown as RejoinedAt;
-  return { mask, epoch, sessions, seq, started, liveSeq, joinSeq };
+  const { mask, epoch, sessions, seq, started, liveSeq, joinSeq, leader } = r as unknown as RejoinedAt;
+  return { mask, epoch, sessions, seq, started, liveSeq, joinSeq, ...(leader !== undefined ? { leader } : {}) };
 }

@@ -9,14 +9,18 @@
 // a process goes away without saying goodbye (`onPeerLost`), and relay the failures of ranks whose
 // process lives on (`announceFailure` / `onRankFailed`: a timeout, a terminated worker).
 //
+// In an elastic world the leader is replaceable: when it is lost, the lowest survivor takes its
+// address and relay over and the others resume with it (takeover.ts, resume.ts).
+//
 // This file holds the entry point and the types; auth.ts admits connections, leader.ts and
-// follower.ts form the world, session.ts keeps it, channel.ts frames the messages and bounds
-// them, protocol.ts names and checks them.
+// follower.ts form the world, session.ts and follower-session.ts keep it, channel.ts frames the
+// messages and bounds them, protocol.ts names and checks them.
 import { RankflowError } from '../core/errors.js';
 import { isLoopbackHost, tokenProblem } from './auth.js';
 import { follow } from './follower.js';
 import { hostId as localHostId } from './host-id.js';
 import { lead } from './leader.js';
+import { ElasticSession } from './takeover.js';
 import { LIMITS, fmt, isObject, jsonBytes, toWire, type Join } from './protocol.js';
 
 export interface RendezvousOptions {
@@ -156,6 +160,8 @@ export interface RejoinedAt {
   /** the survivors' exchanges so far, of each kind (live-exchange.ts) */
   liveSeq: number;
   joinSeq: number;
+  /** the index of the leader that admitted it (not 0 once another process took over: takeover.ts) */
+  leader?: number;
 }
 
 /** A range that left an elastic world is being taken back by a new process (world/rejoin.ts). */
@@ -186,6 +192,8 @@ export interface ElasticRendezvous extends Rendezvous {
   readonly joinsAt: number;
   /** A rejoining process's: where it starts. */
   readonly rejoined?: RejoinedAt;
+  /** The leader was lost and no process took over within the timeout (takeover.ts): the world is gone for this process. */
+  onBroken?(cb: (e: RankflowError) => void): void;
 }
 
 /** What leader.ts and follower.ts need to form a world. */
@@ -230,9 +238,9 @@ export async function rendezvous(opts: RendezvousOptions): Promise<Rendezvous> {
     ...(opts.signal !== undefined ? { signal: opts.signal } : {}),
     ...(opts.elastic === true ? { elastic: true } : {}),
   };
-  if (opts.rejoin === true && opts.rankOffset === 0)
-    throw new RankflowError('EINVAL', 'rendezvous: rankOffset 0 is the leader, which cannot rejoin: an elastic world does not outlive its leader');
-  return opts.rankOffset === 0 ? lead(self, forming) : follow(self, forming);
+  // A rejoiner follows whoever leads now: rankOffset 0's range too, once its process was lost (takeover.ts).
+  const session = opts.rankOffset === 0 && opts.rejoin !== true ? await lead(self, forming) : await follow(self, forming);
+  return opts.elastic === true ? new ElasticSession(session, forming, self) : session;
 }
 
 /** Host and port of a `tcp://host:port` url (IPv6 in brackets), or undefined. */

@@ -8,15 +8,26 @@
 // of a leaving before its programs ended gives nothing: the exchange cannot complete without it, and
 // the others are cut once they hear of it. Keyed by the run's number, not numbered in turn: a
 // process that rejected run k before it began (actors/elastic.ts, rejectThrough) never gives one.
+// When the leader is lost (takeover.ts) every run open is cut (its ranks left while it ran), but for
+// one some process saw decided: every process that waits on it gets that word. The new leader holds
+// the open ones until every survivor resumed (a late one may have seen one decided).
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
-import { gathered, gathering, give, type Gathering } from './live-exchange.js';
+import { gathered, gathering, give, type Gathering, type LeaderOut } from './live-exchange.js';
 import type { RendezvousPeer } from './rendezvous.js';
 
 /** The exchange's result: the values (null for a process lost), or undefined: cut, a rank left while it ran. */
 export type RunEnds = unknown[] | undefined;
 
 interface Waiter { resolve: (v: RunEnds) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
+
+/** A follower's runs as it hands them on at a change of leader: its ends waiting, the words it had (values, or null: cut). */
+export interface RunsHandOver {
+  waiting: Array<{ run: number; value: unknown; waiter?: Waiter }>;
+  decided: Array<{ run: number; values: unknown[] | null }>;
+}
+// Words a follower keeps for a change of leader.
+export const DECIDED_KEPT = 16;
 
 // Runs decided (completed or cut) that each side remembers: a late value or word for one is dropped.
 const REMEMBERED = 256;
@@ -55,12 +66,16 @@ abstract class RunSide {
 export class LeaderRuns extends RunSide {
   private readonly open = new Map<number, Gathering & { waiter?: Waiter }>();
   private readonly completed = new Recent();
+  /** the results of runs completed that a follower may still wait on, after a change of leader */
+  private readonly results = new Map<number, unknown[]>();
+  /** a change of leader in progress: the open runs wait for every survivor's word (settleTakeover) */
+  private taking = false;
 
   constructor(
     private readonly peers: readonly RendezvousPeer[],
     private readonly self: number,
     private readonly isLost: (index: number) => boolean,
-    private readonly broadcast: (m: Message) => void,
+    private readonly out: LeaderOut,
     where: string, limitBytes: number, timeoutMs: number,
   ) {
     super(where, limitBytes, timeoutMs);
@@ -86,7 +101,7 @@ export class LeaderRuns extends RunSide {
   onMessage(index: number, m: Incoming): string | undefined {
     if (!isInt(m.seq, 1, Number.MAX_SAFE_INTEGER)) return `it sent ${m.t} for run ${quote(m.seq)}`;
     if (m.t === 'rxhit') {
-      if (this.open.has(m.seq)) this.cutOff(m.seq);
+      if (this.open.has(m.seq) && !this.taking) this.cutOff(m.seq);  // while taking over, settleTakeover decides
       return undefined;
     }
     if (jsonBytes(m.value) > this.limitBytes) return `it sent a ${jsonBytes(m.value)}-byte run end`;
@@ -96,12 +111,63 @@ export class LeaderRuns extends RunSide {
 
   /** This process heard of a rank leaving: every exchange open now is cut. */
   hit(): void {
+    if (this.taking) return;
     for (const run of [...this.open.keys()]) this.cutOff(run);
   }
 
   /** A process was lost: the exchanges that waited only for it complete without it. */
   recheck(): void {
     for (const run of [...this.open.keys()]) this.complete(run);
+  }
+
+  /** This process, a follower until now, leads: its words known, its ends waiting (held until settleTakeover). */
+  adopt(h: RunsHandOver): void {
+    this.taking = true;
+    for (const d of h.decided) this.record(d.run, d.values);
+    for (const w of h.waiting) {
+      if (this.decide(w.run, () => w.waiter && (clearTimeout(w.waiter.timer), w.waiter.resolve(this.results.get(w.run))))) continue;
+      const p = this.entry(w.run);
+      p.waiter = w.waiter;
+      give(p, this.self, w.value);
+    }
+  }
+
+  /** Follower `index` resumed (checked: world/resume.ts): a word it had decides that run everywhere; its ends waiting get a word, or wait. */
+  resume(index: number, h: RunsHandOver): void {
+    for (const d of h.decided) {
+      if (this.cut.has(d.run) || this.completed.has(d.run)) continue;
+      const p = this.open.get(d.run);
+      this.open.delete(d.run);
+      this.record(d.run, d.values);
+      const m: Message = d.values ? { t: 'rxall', seq: d.run, values: d.values } : { t: 'rxcut', seq: d.run };
+      p?.have.forEach((had, i) => had && i !== this.self && this.out.sendTo(i, m));
+      if (p?.waiter) (clearTimeout(p.waiter.timer), p.waiter.resolve(d.values ?? undefined));
+    }
+    for (const w of h.waiting) {
+      const values = this.results.get(w.run);
+      if (this.decide(w.run, () => this.out.sendTo(index, values ? { t: 'rxall', seq: w.run, values } : { t: 'rxcut', seq: w.run }))) continue;
+      give(this.entry(w.run), index, w.value);
+    }
+  }
+
+  /** Every survivor resumed (or was lost): the runs still open had a rank leave while they ran (the old leader's): cut. */
+  settleTakeover(): void {
+    this.taking = false;
+    for (const run of [...this.open.keys()]) this.cutOff(run);
+  }
+
+  /** Calls `tell` and says true if run `run` is decided. */
+  private decide(run: number, tell: () => void): boolean {
+    if (!this.cut.has(run) && !this.completed.has(run)) return false;
+    tell();
+    return true;
+  }
+
+  private record(run: number, values: unknown[] | null): void {
+    if (values === null) return this.cut.add(run);
+    this.completed.add(run);
+    this.results.set(run, values);
+    if (this.results.size > DECIDED_KEPT) this.results.delete(this.results.keys().next().value!);
   }
 
   fail(error: RankflowError): void {
@@ -131,13 +197,14 @@ export class LeaderRuns extends RunSide {
   }
 
   private complete(run: number): void {
+    if (this.taking) return;
     const p = this.open.get(run);
     const values = p?.waiter ? gathered(p, this.isLost) : undefined;
     if (!p?.waiter || !values) return;
     this.open.delete(run);
-    this.completed.add(run);
+    this.record(run, values);
     clearTimeout(p.waiter.timer);
-    this.broadcast({ t: 'rxall', seq: run, values });
+    this.out.broadcast({ t: 'rxall', seq: run, values });
     p.waiter.resolve(values);
   }
 
@@ -145,7 +212,7 @@ export class LeaderRuns extends RunSide {
     const p = this.open.get(run);
     this.open.delete(run);
     this.cut.add(run);
-    this.broadcast({ t: 'rxcut', seq: run });
+    this.out.broadcast({ t: 'rxcut', seq: run });
     if (!p?.waiter) return;
     clearTimeout(p.waiter.timer);
     p.waiter.resolve(undefined);
@@ -154,7 +221,8 @@ export class LeaderRuns extends RunSide {
 
 /** A follower's side: sends its end, waits for the leader's word; says when it hears of a leaving meanwhile. */
 export class FollowerRuns extends RunSide {
-  private readonly waiting = new Map<number, Waiter>();
+  private readonly waiting = new Map<number, Waiter & { value: unknown }>();
+  private readonly decided = new Map<number, unknown[] | null>();
 
   constructor(private readonly processes: number, private readonly send: (m: Message) => void, where: string, limitBytes: number, timeoutMs: number) {
     super(where, limitBytes, timeoutMs);
@@ -168,7 +236,7 @@ export class FollowerRuns extends RunSide {
         this.waiting.delete(run);
         reject(new RankflowError('TIMEOUT_CPU', `${this.where}: run ${run}'s end: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
       }, timeoutMs);
-      this.waiting.set(run, { resolve, reject, timer });
+      this.waiting.set(run, { resolve, reject, timer, value: wire });
       this.send({ t: 'rx', seq: run, value: wire });
     });
   }
@@ -178,6 +246,8 @@ export class FollowerRuns extends RunSide {
     if (!isInt(m.seq, 1, Number.MAX_SAFE_INTEGER)) return `the leader sent ${m.t} for run ${quote(m.seq)}`;
     if (m.t === 'rxall' && (!Array.isArray(m.values) || m.values.length !== this.processes)) return `the leader sent an invalid result for run ${m.seq}'s end`;
     if (m.t === 'rxcut') this.cut.add(m.seq);
+    this.decided.set(m.seq, m.t === 'rxall' ? (m.values as unknown[]) : null);
+    if (this.decided.size > DECIDED_KEPT) this.decided.delete(this.decided.keys().next().value!);
     const w = this.waiting.get(m.seq);
     if (!w) return undefined;  // timed out here, or cut before this process got there
     this.waiting.delete(m.seq);
@@ -189,6 +259,11 @@ export class FollowerRuns extends RunSide {
   /** This process heard of a rank leaving: the leader is told for every run it waits on. */
   hit(): void {
     for (const run of this.waiting.keys()) this.send({ t: 'rxhit', seq: run });
+  }
+
+  /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader's word. */
+  handOver(): RunsHandOver {
+    return { waiting: [...this.waiting].map(([run, w]) => ({ run, value: w.value, waiter: w })), decided: [...this.decided].map(([run, values]) => ({ run, values })) };
   }
 
   fail(error: RankflowError): void {

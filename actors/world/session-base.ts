@@ -1,10 +1,11 @@
 // What the leader's and a follower's side of a formed world share (session.ts): the peers, the
 // processes lost, the failures and releases announced and their listeners, the checks of a value
 // before it crosses, the wire forms of this process's announcements, and the calls into the
-// survivors' and run ends' exchanges of an elastic world (each side holds its own ends of them).
+// survivors' and run ends' exchanges of an elastic world (each side holds its own ends of them). What
+// outlives a change of leader (takeover.ts) is one WorldState, handed from a side to the next.
 import { RankflowError } from '../core/errors.js';
 import { LIMITS, jsonBytes, toWire, who } from './protocol.js';
-import type { PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
+import type { ElasticRendezvous, PeerLost, RankFailure, Rendezvous, RendezvousPeer, RunRelease } from './rendezvous.js';
 import type { FollowerLive, Gathering, LeaderLive } from './live-exchange.js';
 import type { FollowerRuns, LeaderRuns, RunEnds } from './run-exchange.js';
 
@@ -17,23 +18,35 @@ export interface PendingExchange extends Gathering {
   settle?: { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout };
 }
 
+export type RejoinListener = Parameters<ElasticRendezvous['onRejoin']>[0];
+
+/** What a process knows of its world that outlives a change of its side (a follower that becomes the leader: takeover.ts). */
+export class WorldState {
+  readonly lost = new Map<number, PeerLost>();
+  readonly lostListeners = new Set<(lost: PeerLost) => void>();
+  readonly failures: RankFailure[] = [];
+  readonly failureListeners = new Set<(f: RankFailure) => void>();
+  readonly releaseListeners = new Set<(r: RunRelease) => void>();
+  readonly rejoinListeners: RejoinListener[] = [];
+}
+
 export abstract class Session implements Rendezvous {
   abstract readonly localAddress: string;
   abstract readonly leaderAddress: string;
   protected seq = 0;
   protected closed = false;
-  protected readonly lost = new Map<number, PeerLost>();
-  private readonly listeners = new Set<(lost: PeerLost) => void>();
-  private readonly failures: RankFailure[] = [];
-  private readonly failureListeners = new Set<(f: RankFailure) => void>();
-  private readonly releaseListeners = new Set<(r: RunRelease) => void>();
 
   constructor(
     readonly peers: readonly RendezvousPeer[],
     readonly self: number,
     protected readonly timeoutMs: number,
     protected readonly where: string,
+    readonly state: WorldState = new WorldState(),
   ) {}
+
+  protected get lost(): Map<number, PeerLost> {
+    return this.state.lost;
+  }
 
   abstract exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]>;
   /** The re-formings' and the rejoins' survivors' exchanges (live-exchange.ts), the run ends' (run-exchange.ts). */
@@ -60,16 +73,19 @@ export abstract class Session implements Rendezvous {
   hitRunEnds(): void {
     this.runs.hit();
   }
+  onRejoin(l: RejoinListener): void {
+    this.state.rejoinListeners.push(l);
+  }
 
   onRelease(cb: (r: RunRelease) => void): () => void {
-    this.releaseListeners.add(cb);
-    return () => this.releaseListeners.delete(cb);
+    this.state.releaseListeners.add(cb);
+    return () => this.state.releaseListeners.delete(cb);
   }
 
   /** A release another process announced (checked): for this process's listeners. */
   protected released(r: RunRelease): void {
     if (this.closed) return;
-    for (const cb of this.releaseListeners) cb(r);
+    for (const cb of this.state.releaseListeners) cb(r);
   }
 
   /** A release of this process, as it crosses: bounded, as the receivers check it. */
@@ -78,22 +94,22 @@ export abstract class Session implements Rendezvous {
   }
 
   onRankFailed(cb: (f: RankFailure) => void): () => void {
-    this.failureListeners.add(cb);
-    for (const f of this.failures) queueMicrotask(() => this.failureListeners.has(cb) && cb(f));
-    return () => this.failureListeners.delete(cb);
+    this.state.failureListeners.add(cb);
+    for (const f of this.state.failures) queueMicrotask(() => this.state.failureListeners.has(cb) && cb(f));
+    return () => this.state.failureListeners.delete(cb);
   }
 
   /** A failure another process announced (checked): for this process's listeners. */
   protected rankFailed(f: RankFailure): void {
     if (this.closed) return;
-    this.failures.push(f);
-    for (const cb of this.failureListeners) cb(f);
+    this.state.failures.push(f);
+    for (const cb of this.state.failureListeners) cb(f);
   }
 
   onPeerLost(cb: (lost: PeerLost) => void): () => void {
-    this.listeners.add(cb);
-    for (const l of this.lost.values()) queueMicrotask(() => this.listeners.has(cb) && cb(l));
-    return () => this.listeners.delete(cb);
+    this.state.lostListeners.add(cb);
+    for (const l of this.lost.values()) queueMicrotask(() => this.state.lostListeners.has(cb) && cb(l));
+    return () => this.state.lostListeners.delete(cb);
   }
 
   protected markLost(index: number, reason: string): void {
@@ -103,7 +119,7 @@ export abstract class Session implements Rendezvous {
     const l: PeerLost = { rankOffset: p.rankOffset, localRanks: p.localRanks, hostId: p.hostId, nodeId: p.nodeId, reason };
     this.lost.set(index, l);
     this.failPending(this.lostError(index));
-    for (const cb of this.listeners) cb(l);
+    for (const cb of this.state.lostListeners) cb(l);
   }
 
   protected lostError(index: number): RankflowError {

@@ -1,26 +1,24 @@
-// A formed world's connections, after the table: `exchange` (an all-gather of small JSON values
-// through the leader), loss detection, failure relay (a star: the leader passes each follower's
-// announcements on), and close. The leader's side and a follower's side implement one abstract
-// Session (session-base.ts); the messages of an elastic world's survivors' and run ends' exchanges go to
-// their sides (live-exchange.ts, run-exchange.ts). Every message is checked before it is acted on; a peer
-// that breaks the protocol is cut off, and reported lost with what it sent.
+// A formed world's connections, after the table, on the leader's side (follower-session.ts has a
+// follower's): `exchange` (an all-gather of small JSON values through the leader), loss detection,
+// failure relay (a star: the leader passes each follower's announcements on), and close. Both sides
+// implement one abstract Session (session-base.ts); the messages of an elastic world's survivors' and
+// run ends' exchanges go to their sides (live-exchange.ts, run-exchange.ts). Every message is checked
+// before it is acted on; a peer that breaks the protocol is cut off, and reported lost with what it
+// sent. A follower that took over from a lost leader (takeover.ts) leads with a LeaderSession too: it
+// adopts its own exchanges waiting and takes in the others' resumes (world/resume.ts).
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { FollowerLive, LeaderLive, REJOIN, gathering, give } from './live-exchange.js';
-import { FollowerRuns, LeaderRuns } from './run-exchange.js';
-import {
-  LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who,
-  type Incoming, type Join, type Message,
-} from './protocol.js';
-import type { ElasticRendezvous, RankFailure, RejoinedAt, Rejoining, RendezvousPeer, RunRelease } from './rendezvous.js';
+import { LeaderLive, REJOIN, gathering, give, type LeaderOut } from './live-exchange.js';
+import { LeaderRuns } from './run-exchange.js';
+import { failureProblem, isInt, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who, LIMITS, type Incoming, type Join, type Message } from './protocol.js';
+import type { ElasticRendezvous, RankFailure, RejoinedAt, RendezvousPeer, RunRelease } from './rendezvous.js';
 import { rejoinProblem } from './rejoin.js';
-import { Session, exchangeLimit, type PendingExchange } from './session-base.js';
+import type { HandOver } from './resume.js';
+import { Session, exchangeLimit, type PendingExchange, type WorldState } from './session-base.js';
 
 // How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
 // one ahead (it cannot finish #n without the leader's value for #n).
 const MAX_SEQ_AHEAD = 16;
-
-type RejoinListener = Parameters<ElasticRendezvous['onRejoin']>[0];
 
 export class LeaderSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, PendingExchange>();
@@ -29,8 +27,9 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   protected readonly joins: LeaderLive;
   protected readonly runs: LeaderRuns;
   private rejoining?: { index: number; ch: Channel; join: Join };
-  private readonly rejoinListeners: RejoinListener[] = [];
-  /** an elastic world's rendezvous, still listening for rejoins (leader.ts): closed with the session */
+  /** a leader that took over (takeover.ts): the followers whose resume it still waits for */
+  private awaiting?: Set<number>;
+  /** an elastic world's rendezvous, still listening for rejoins (leader.ts) and resumes (takeover.ts): closed with the session */
   door?: { close(): void };
 
   readonly leaderAddress: string;
@@ -41,13 +40,67 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     timeoutMs: number,
     where: string,
     readonly localAddress: string,
+    /** a follower that takes over: its index and what it knows of the world */
+    took?: { self: number; state: WorldState },
   ) {
-    super(peers, channels.indexOf(undefined), timeoutMs, where);
+    super(peers, took?.self ?? channels.indexOf(undefined), timeoutMs, where, took?.state);
     this.leaderAddress = localAddress;
-    this.live = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs);
-    this.joins = new LeaderLive(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, timeoutMs, REJOIN);
-    this.runs = new LeaderRuns(peers, this.self, (i) => this.lost.has(i), (m) => this.broadcast(m), where, exchangeLimit(peers.length), timeoutMs);
+    const isLost = (i: number) => this.lost.has(i);
+    const out: LeaderOut = { broadcast: (m) => this.broadcast(m), sendTo: (i, m) => this.channels[i]?.send(m) };
+    this.live = new LeaderLive(peers, this.self, isLost, out, where, timeoutMs);
+    this.joins = new LeaderLive(peers, this.self, isLost, out, where, timeoutMs, REJOIN);
+    this.runs = new LeaderRuns(peers, this.self, isLost, out, where, exchangeLimit(peers.length), timeoutMs);
     channels.forEach((ch, index) => ch && this.attach(ch, index));
+  }
+
+  /** takeover.ts: this process leads now; its exchanges waiting (a follower's until now) are its own; `awaiting`: the followers to resume. */
+  adopt(h: HandOver, awaiting: number[]): void {
+    this.live.adopt(h.live);
+    this.joins.adopt(h.joins);
+    this.runs.adopt(h.runs);
+    this.awaiting = new Set(awaiting);
+    this.takenOver();
+  }
+
+  /** takeover.ts: follower `index` resumed on `ch` (its resume checked: resume.ts). */
+  resumed(ch: Channel, index: number, r: HandOver): void {
+    this.awaiting?.delete(index);
+    this.channels[index] = ch;
+    this.attach(ch, index);
+    ch.send({ t: 'resumed', leader: this.self, pid: this.peers[this.self]!.pid, lost: [...this.lost.keys()] });
+    for (const i of r.lost) this.loseFollower(i, `lost, as ${who(this.peers[index]!)} knew when the leader was lost`);
+    this.live.resume(index, r.live);
+    this.joins.resume(index, r.joins);
+    this.runs.resume(index, r.runs);
+    this.takenOver();
+  }
+
+  /** takeover.ts: which followers have yet to resume, and whether `index` is one. */
+  awaits(index?: number): number[] | boolean {
+    return index === undefined ? [...(this.awaiting ?? [])] : this.awaiting?.has(index) === true;
+  }
+
+  /** Follower `index` is lost (`why`): its connection is cut, or, one that has not resumed, it is marked lost here. */
+  loseFollower(index: number, why: string): void {
+    if (this.lost.has(index) || index === this.self) return;
+    const ch = this.channels[index];
+    if (ch) return ch.drop(why);
+    this.awaiting?.delete(index);
+    this.lostNow(index, why);
+    this.takenOver();
+  }
+
+  private lostNow(index: number, why: string): void {
+    for (const other of this.channels) if (other !== undefined && other !== this.channels[index]) other.send({ t: 'lost', index, reason: why });
+    this.markLost(index, why);
+    for (const x of [this.live, this.joins, this.runs]) x.recheck();  // the survivors' exchanges that waited only for it
+  }
+
+  /** Once every follower resumed (or was lost): the runs open when the old leader was lost are decided. */
+  private takenOver(): void {
+    if (this.awaiting?.size !== 0) return;
+    this.awaiting = undefined;
+    this.runs.settleTakeover();
   }
 
   /** Follower `index`'s connection: its messages, and its loss. */
@@ -86,24 +139,18 @@ export class LeaderSession extends Session implements ElasticRendezvous {
         },
         (reason) => {
           if (this.goodbyes.has(index) || this.closed || this.channels[index] !== ch) return;
-          const why = `${reason}, seen by the leader`;
-          for (const other of this.channels) if (other !== undefined && other !== ch) other.send({ t: 'lost', index, reason: why });
-          this.markLost(index, why);
-          for (const x of [this.live, this.joins, this.runs]) x.recheck();  // the survivors' exchanges that waited only for it
+          this.lostNow(index, `${reason}, seen by the leader`);
         },
       );
     }
   }
 
-  onRejoin(l: RejoinListener): void {
-    this.rejoinListeners.push(l);
-  }
-
   /** leader.ts: an authenticated connection's join after the table: a rejoin, or refused (rejoin.ts). */
   offerRejoin(ch: Channel, m: Incoming): void {
     const last = this.peers[this.peers.length - 1]!;
-    const problem = this.closed ? 'the world is closing' : this.rejoinListeners.length === 0 ? 'the world is not elastic'
-      : rejoinProblem(m, this.peers, new Set(this.lost.keys()), this.rejoining !== undefined, last.rankOffset + last.localRanks);
+    const problem = this.closed ? 'the world is closing' : this.state.rejoinListeners.length === 0 ? 'the world is not elastic'
+      : this.awaiting ? 'the world is taking over from its lost leader: try again in a moment'
+      : rejoinProblem(m, this.peers, new Set(this.lost.keys()), this.rejoining !== undefined, last.rankOffset + last.localRanks, this.self);
     if (problem) return ch.dismiss({ t: 'error', code: 'EINVAL', message: `${this.where}: the leader refused this rejoin: ${problem}` });
     const j = m as unknown as Join;
     const join: Join = { t: 'join', worldSize: j.worldSize, rankOffset: j.rankOffset, localRanks: j.localRanks, payload: j.payload, hostId: j.hostId, nodeId: j.nodeId, pid: j.pid };
@@ -114,7 +161,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     });
     const peer = toPeer(join);
     for (const c of this.channels) c?.send({ t: 'rejoining', index, peer });
-    for (const l of this.rejoinListeners) l.rejoining({ index, peer });
+    for (const l of this.state.rejoinListeners) l.rejoining({ index, peer });
   }
 
   admitRejoin(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void {
@@ -122,7 +169,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     if (r === undefined) return;
     this.rejoining = undefined;
     (this.peers as RendezvousPeer[])[r.index] = toPeer(r.join);
-    r.ch.send({ t: 'table', peers: [...this.peers], rejoined: { ...at, liveSeq: this.live.at, joinSeq: this.joins.at } });
+    r.ch.send({ t: 'table', peers: [...this.peers], rejoined: { ...at, liveSeq: this.live.at, joinSeq: this.joins.at, leader: this.self } });
     this.lost.delete(r.index);
     this.goodbyes.delete(r.index);
     this.channels[r.index] = r.ch;
@@ -136,7 +183,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     this.rejoining = undefined;
     r.ch.end({ t: 'error', code: 'RANK_FAILED', message: `${this.where}: the rejoin ended: ${reason}`, rank: r.join.rankOffset });
     for (const c of this.channels) c?.send({ t: 'rejoinEnded', index: r.index, reason: reason.slice(0, LIMITS.textChars) });
-    for (const l of this.rejoinListeners) l.ended(r.index, reason);
+    for (const l of this.state.rejoinListeners) l.ended(r.index, reason);
   }
 
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
@@ -222,178 +269,5 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     this.door?.close();
     this.closed = true;
     await Promise.all(this.channels.map((ch) => ch?.endAndWait({ t: 'bye' })));
-  }
-}
-
-export class FollowerSession extends Session implements ElasticRendezvous {
-  private readonly pending = new Map<number, NonNullable<PendingExchange['settle']>>();
-  private leaderLeft = false;
-  protected readonly live: FollowerLive;
-  protected readonly joins: FollowerLive;
-  protected readonly runs: FollowerRuns;
-  private rejoining?: Rejoining;
-  private readonly rejoinListeners: RejoinListener[] = [];
-  readonly localAddress: string;
-  readonly leaderAddress: string;
-
-  constructor(
-    peers: RendezvousPeer[],
-    private readonly channel: Channel,
-    self: Join,
-    timeoutMs: number,
-    where: string,
-    readonly rejoined?: RejoinedAt,
-  ) {
-    super(
-      peers,
-      peers.findIndex((p) => p.rankOffset === self.rankOffset),
-      timeoutMs,
-      where,
-    );
-    this.localAddress = channel.socket.localAddress ?? '';
-    this.leaderAddress = channel.socket.remoteAddress ?? '';
-    channel.keepAlive();
-    this.live = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs);
-    this.joins = new FollowerLive(peers.length, (m) => this.channel.send(m), where, timeoutMs, REJOIN);
-    this.runs = new FollowerRuns(peers.length, (m) => this.channel.send(m), where, exchangeLimit(peers.length), timeoutMs);
-    if (rejoined) {
-      this.live.startAt(rejoined.liveSeq);
-      this.joins.startAt(rejoined.joinSeq);
-    }
-    const leader = 0;
-    channel.listen(
-      (m) => {
-        const n = this.peers.length;
-        if (m.t === 'xall') {
-          if (!isInt(m.seq, 1, this.seq) || !Array.isArray(m.values) || m.values.length !== n)
-            return channel.drop(`the leader sent an invalid result for exchange #${quote(m.seq)}`);
-          const values = m.values as unknown[];
-          this.settle(m.seq, (s) => s.resolve(values));
-        } else if (m.t === 'lxall' || m.t === 'jxall' || m.t === 'rxall' || m.t === 'rxcut') {
-          const problem = (m.t === 'lxall' ? this.live : m.t === 'jxall' ? this.joins : this.runs).onMessage(m);
-          if (problem) return channel.drop(problem);
-        } else if (m.t === 'rejoining' || m.t === 'revived' || m.t === 'rejoinEnded') {
-          const problem = this.onRejoinMessage(m);
-          if (problem) return channel.drop(`the leader sent an invalid ${m.t}: ${problem}`);
-        } else if (m.t === 'xerr') {
-          const problem = isInt(m.seq, 1, this.seq) ? errorProblem(m) : 'no such exchange';
-          if (problem) return channel.drop(`the leader sent an invalid error for exchange #${quote(m.seq)}: ${problem}`);
-          this.settle(m.seq as number, (s) => s.reject(new RankflowError(m.code as never, m.message as string, m.rank === undefined ? undefined : { rank: m.rank as number })));
-        } else if (m.t === 'lost') {
-          if (!isInt(m.index, 0, n - 1) || !isText(m.reason, LIMITS.textChars)) return channel.drop('the leader sent an invalid loss');
-          this.markLost(m.index, m.reason);
-        } else if (m.t === 'failed') {
-          const problem = isInt(m.from, 0, n - 1) && m.from !== this.self ? failureProblem(m.failure, this.peers[m.from]!) : `from ${quote(m.from)} is not another process`;
-          if (problem) return channel.drop(`the leader relayed an invalid failure: ${problem}`);
-          this.rankFailed(toFailure(m.failure as Record<string, unknown>));
-        } else if (m.t === 'released') {
-          const problem = isInt(m.from, 0, n - 1) && m.from !== this.self ? releaseProblem(m.release, this.peers[m.from]!) : `from ${quote(m.from)} is not another process`;
-          if (problem) return channel.drop(`the leader relayed an invalid release: ${problem}`);
-          this.released(toRelease(m.release as Record<string, unknown>));
-        } else if (m.t === 'bye') {
-          this.leaderLeft = true;
-        } else {
-          channel.drop(`the leader sent ${quote(m.t)}, not a message of a formed world`);
-        }
-      },
-      (reason) => {
-        if (this.closed) return;
-        if (this.leaderLeft) {
-          this.failPending(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
-          for (const x of [this.live, this.joins, this.runs]) x.fail(new RankflowError('STATE', `${where}: the leader closed the rendezvous`, { state: 'closed' }));
-          return;
-        }
-        this.markLost(leader, `${reason}, seen by ${who(self)}`);
-        for (const x of [this.live, this.joins, this.runs]) x.fail(this.lostError(leader));
-      },
-    );
-  }
-
-  /** A rejoin, as the leader tells it: begun (the range of a lost process), its process back in the world, or ended. */
-  private onRejoinMessage(m: Incoming): string | undefined {
-    const i = m.index, was = isInt(i, 1, this.peers.length - 1) ? this.peers[i] : undefined;
-    if (was === undefined || i === this.self) return `index ${quote(i)} is not another follower`;
-    if (m.t === 'rejoining') {
-      const p = m.peer;
-      if (!this.lost.has(i as number) || this.rejoining) return 'not a lost process, or a rejoin is already in progress';
-      const last = this.peers[this.peers.length - 1]!;
-      if (!isObject(p) || entryProblem(p, last.rankOffset + last.localRanks) !== undefined || p.rankOffset !== was.rankOffset || p.localRanks !== was.localRanks)
-        return `peer ${quote(p)} is not an entry for ${who(was)}'s range`;
-      const peer: RendezvousPeer = { rankOffset: was.rankOffset, localRanks: was.localRanks, payload: p.payload as Record<string, unknown>, hostId: p.hostId as string, nodeId: p.nodeId as string, pid: p.pid as number };
-      this.rejoining = { index: i as number, peer };
-      for (const l of this.rejoinListeners) l.rejoining(this.rejoining);
-    } else if (m.t === 'revived') {
-      if (this.rejoining?.index !== i) return 'no such rejoin';
-      (this.peers as RendezvousPeer[])[i as number] = this.rejoining!.peer;
-      this.lost.delete(i as number);
-      this.rejoining = undefined;
-    } else {
-      if (!isText(m.reason, LIMITS.textChars)) return 'reason is not a string of bounded length';
-      if (this.rejoining?.index !== i) return undefined;  // ended before this process heard of it
-      this.rejoining = undefined;
-      for (const l of this.rejoinListeners) l.ended(i as number, m.reason);
-    }
-    return undefined;
-  }
-
-  onRejoin(l: RejoinListener): void {
-    this.rejoinListeners.push(l);
-  }
-
-  private settle(seq: number, f: (s: NonNullable<PendingExchange['settle']>) => void): void {
-    const s = this.pending.get(seq);
-    if (s === undefined) return;
-    this.pending.delete(seq);
-    clearTimeout(s.timer);
-    f(s);
-  }
-
-  exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
-    const seq = ++this.seq;
-    const refused =
-      this.refuse() ??
-      (this.leaderLeft ? new RankflowError('STATE', `${this.where}: the leader closed the rendezvous`, { state: 'closed' }) : undefined);
-    if (refused) return Promise.reject(refused);
-    let wire: unknown;
-    try {
-      wire = this.wire(value, seq);
-    } catch (e) {
-      return Promise.reject(e);
-    }
-    const timeoutMs = opts?.timeoutMs ?? this.timeoutMs;
-    return new Promise<T[]>((resolve, reject) => {
-      const timer = setTimeout(() => {
-        this.pending.delete(seq);
-        reject(new RankflowError('TIMEOUT_CPU', `${this.where}: exchange #${seq}: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
-      }, timeoutMs);
-      this.pending.set(seq, { resolve: resolve as (v: unknown[]) => void, reject, timer });
-      this.channel.send({ t: 'x', seq, value: wire });
-    });
-  }
-
-  announceFailure(failure: RankFailure): void {
-    if (this.closed || this.leaderLeft) return;
-    this.channel.send({ t: 'failed', from: this.self, failure: Session.failureWire(failure) });
-  }
-
-  announceRelease(release: RunRelease): void {
-    if (this.closed || this.leaderLeft) return;
-    this.channel.send({ t: 'released', from: this.self, release: Session.releaseWire(release) });
-  }
-
-  protected failPending(error: RankflowError): void {
-    for (const [seq, s] of this.pending) {
-      clearTimeout(s.timer);
-      this.pending.delete(seq);
-      s.reject(error);
-    }
-  }
-
-  async close(): Promise<void> {
-    if (this.closed) return;
-    this.failPending(new RankflowError('STATE', `${this.where}: closed while an exchange was pending`, { state: 'closed' }));
-    for (const x of [this.live, this.joins, this.runs]) x.fail(new RankflowError('STATE', `${this.where}: closed`, { state: 'closed' }));
-    this.closed = true;
-    await this.channel.endAndWait({ t: 'bye' });
   }
 }
