@@ -18,6 +18,7 @@ import type { RendezvousPeer } from '../actors/world/rendezvous.js';
 import { ensureCompiled, forkFixture, freePort, killAll, percentile, worldSources, type Child, type Message } from './helpers/children.js';
 import { prng, randInt } from './helpers/moe-reference.js';
 import { authenticate, connectStranger } from './helpers/stranger.js';
+import { checkRuns, ROUNDS, type RunsDone } from './helpers/world-runs.js';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
@@ -168,38 +169,6 @@ describe.each([[[1, 1]], [[1, 1, 1]], [[2, 1, 1]]])('a world hosting %j ranks: t
 
 // group.run: the leader killed in a loop of runs (test/fixtures/elastic-world-runs.mjs, whose programs
 // gather every rank's part); every value checked here against the parts of the ranks that serve.
-interface RunOutcome { i: number; t: number; ok: boolean; values?: Array<{ rank: number; live: number[]; gathered: number[] } | null>; code?: string; rank?: number; message?: string }
-interface RunsDone extends Message { rankOffset: number; outcomes: RunOutcome[]; lefts: Array<{ rank: number; at: number }>; firstRun: number | null; hang: string | null; state: string; liveRanks: number[] }
-const ROUNDS = 3;
-const gatheredBy = (i: number, live: number[], W: number): number[] =>
-  Array.from({ length: ROUNDS }, (_, k) => Array.from({ length: W }, (_, q) => (live.includes(q) ? [1000 * q + i, k, -q - 1] : [0, 0, 0]))).flat(2);
-
-/** Every survivor's runs: alike in every process (each rejected everywhere or nowhere), each value the reference of the ranks it ran with. */
-function checkRuns(done: RunsDone[], W: number, gone: number[], runs: number, first = 0): { rejected: number[]; degraded: number } {
-  const rest = all(W).filter((g) => !gone.includes(g)), rejected: number[] = [];
-  let degraded = Infinity;
-  for (const d of done) expect({ hang: d.hang, runs: d.outcomes.map((o) => o.i) }).toEqual({ hang: null, runs: Array.from({ length: runs }, (_, j) => first + j) });
-  for (let j = 0; j < runs; j++) {
-    const os = done.map((d) => d.outcomes[j]!), i = first + j;
-    expect(os.map((o) => o.ok), `run ${i}`).toEqual(os.map(() => os[0]!.ok));
-    if (!os[0]!.ok) {
-      for (const o of os) expect({ code: o.code, gone: gone.includes(o.rank!) }, `run ${i}: ${o.message}`).toEqual({ code: 'RANK_FAILED', gone: true });
-      rejected.push(i);
-      continue;
-    }
-    const live = os[0]!.values!.find((v) => v !== null)!.live;
-    expect([all(W), rest], `run ${i} ran with ${live}`).toContainEqual(live);
-    if (live.length < W) degraded = Math.min(degraded, i);
-    else expect(i, `run ${i} ran with every rank after a degraded one`).toBeLessThan(degraded);
-    os.forEach((o, p) => {
-      expect(o.values!.map((v) => v?.rank)).toEqual(Array.from({ length: o.values!.length }, (_, r) => done[p]!.rankOffset + r));
-      for (const v of o.values!) expect({ live: v!.live, gathered: v!.gathered }, `run ${i}, rank ${v!.rank}`).toEqual({ live, gathered: gatheredBy(i, live, W) });
-    });
-  }
-  expect(rejected.length).toBeLessThanOrEqual(1);
-  for (const i of rejected) expect(i).toBeLessThan(degraded);
-  return { rejected, degraded };
-}
 
 async function runsWorld(layout: number[], runs: number, at: number, opts: { hold: boolean; seed: number; phase2?: number }) {
   ensureCompiled('dist/actors/world/takeover.js', sources);
