@@ -18,15 +18,10 @@ import { afterEach, describe, expect, it } from 'vitest';
 import { createGroup } from '../actors/index.js';
 import { ensureCompiled, forkFixture, freePort, killAll, percentile, worldSources, type Child, type Message } from './helpers/children.js';
 import { prng, randInt } from './helpers/moe-reference.js';
-import { checkRuns, ROUNDS, type RunsDone } from './helpers/world-runs.js';
+import { checkRuns, ROUNDS, type Done, type RunsDone } from './helpers/world-runs.js';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
-
-interface Done extends Message {
-  succeeded: number; rejected: number; skipped: number; oracle: number; errors: string[]; state: string; liveRanks: number[];
-  lefts: Array<{ rank: number; at: number; code: string }>; firstOp: number | null; lastError: { code: string; rank?: number; message: string } | null;
-}
 
 const now = (): number => performance.timeOrigin + performance.now();
 

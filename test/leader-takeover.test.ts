@@ -18,15 +18,10 @@ import type { RendezvousPeer } from '../actors/world/rendezvous.js';
 import { ensureCompiled, forkFixture, freePort, killAll, percentile, worldSources, type Child, type Message } from './helpers/children.js';
 import { prng, randInt } from './helpers/moe-reference.js';
 import { authenticate, connectStranger } from './helpers/stranger.js';
-import { checkRuns, ROUNDS, type RunsDone } from './helpers/world-runs.js';
+import { checkRuns, ROUNDS, type Done, type RunsDone } from './helpers/world-runs.js';
 
 const children: Child[] = [];
 afterEach(() => killAll(children));
-
-interface Done extends Message {
-  succeeded: number; rejected: number; skipped: number; oracle: number; errors: string[]; state: string; liveRanks: number[];
-  lefts: Array<{ rank: number; at: number; code: string }>; firstOp: number | null; lastError: { code: string; rank?: number; message: string } | null;
-}
 
 const now = (): number => performance.timeOrigin + performance.now();
 const sources = [...worldSources, 'actors/elastic.ts', 'actors/elastic-world.ts', 'actors/elastic-join.ts', 'actors/run.ts', 'actors/group.ts'];

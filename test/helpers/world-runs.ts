@@ -1,10 +1,17 @@
-// The checks of group.run across the processes of an elastic world (test/elastic-world.test.ts,
+// What a process of an elastic world's op loop reports (test/fixtures/elastic-world-child.mjs), and the
+// checks of group.run across the processes of an elastic world (test/elastic-world.test.ts,
 // test/leader-takeover.test.ts): a loop of rank programs (test/fixtures/elastic-world-runs.mjs) that
 // each gather every rank's part of the run (programs/world-gather.mjs), checked against the parts of
 // the ranks that serve, those that left giving zeros.
 import { expect } from 'vitest';
 
 import type { Message } from './children.js';
+
+/** The op loop's end in one process (test/fixtures/elastic-world-child.mjs). */
+export interface Done extends Message {
+  succeeded: number; rejected: number; skipped: number; oracle: number; errors: string[]; state: string; liveRanks: number[];
+  lefts: Array<{ rank: number; at: number; code: string }>; firstOp: number | null; lastError: { code: string; rank?: number; message: string } | null;
+}
 
 export interface RunOutcome { i: number; t: number; ok: boolean; values?: Array<{ rank: number; live: number[]; gathered: number[] } | null>; code?: string; rank?: number; message?: string }
 export interface RunsDone extends Message { rankOffset: number; outcomes: RunOutcome[]; lefts: Array<{ rank: number; at: number; code: string }>; firstRun: number | null; hang: string | null; state: string; liveRanks: number[] }
