@@ -21,6 +21,24 @@ using namespace rankflow::kernels;
 // whose first group is in its range) are loaded at the start and stored at the end. One H200, 4096 x
 // 7168: 38.8 µs against a warp per token's 41.6 and the copy of its bytes' 30.7 (bench/results/
 // floors-2026-12-03.md; pipelining the next step's loads, with 4 or 8 loads per lane: 39.4, not better).
+// Without biases a token's output is 0 + its row in fp32, rounded: the row's own bits except where a
+// half is -0 (0 + -0 is +0) or a NaN (the GPU's NaN, quieted by the rounding). A vector with neither is
+// stored as it came, without add8 and pack8's 8 conversions, adds and roundings; one with either takes
+// them. Per 32-bit word w of two halves: (w & 0x7fff7fff) + 0x007f007f sets a half's top bit where
+// its magnitude is above inf's 0x7f80 (a NaN; no carry between halves); x = w ^ 0x80008000 has a zero
+// half where w has -0, and (x - 0x00010001) & ~x sets that half's top bit (a borrow may also set the
+// upper half's: a vector sent the slow way that needed not be, never the reverse).
+__device__ __forceinline__ bool copies_exactly(const int4& v) {
+  const uint32_t w[4] = {uint32_t(v.x), uint32_t(v.y), uint32_t(v.z), uint32_t(v.w)};
+  uint32_t hit = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t x = w[j] ^ 0x80008000u;
+    hit |= ((w[j] & 0x7fff7fffu) + 0x007f007fu) | ((x - 0x00010001u) & ~x);
+  }
+  return (hit & 0x80008000u) == 0;
+}
+
 extern "C" __global__ void __launch_bounds__(256, 2) rf_combine_local(const CombineArgs args) {
   const MoeShape& m = args.m;
   const MoeState& st = args.st;
@@ -35,6 +53,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) rf_combine_local(const Comb
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / kWarpSize);
   const int64_t wid = int64_t(blockIdx.x) * (blockDim.x / kWarpSize) + threadIdx.x / kWarpSize;
   const uint64_t live = live_ranks(args.r) & 1u;
+  const bool plain = bias0 == nullptr && bias1 == nullptr;  // an output is its one row, or zero
   const int gpr = int((nvec + kWarpSize - 1) / kWarpSize), nv = int(nvec);  // groups per row (32-bit indices: fewer registers)
   const int64_t Q = T * gpr;
   const int q0 = int(Q * wid / warps), q1 = int(Q * (wid + 1) / warps);
@@ -89,8 +108,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) rf_combine_local(const Comb
       const int i = gu * kWarpSize + lane;
       if (q + u >= q1 || i >= nv) continue;
       const int64_t at = int64_t(tu) * row + int64_t(i) * 16;
+      const bool mine = (bits >> u) & 1u;
+      if (plain && (!mine || copies_exactly(v[u]))) {  // 0 + b rounded is b: no arithmetic
+        st_v4(ox + at, mine ? v[u] : make_int4(0, 0, 0, 0));
+        continue;
+      }
       float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-      if ((bits >> u) & 1u) add8(acc, v[u]);
+      if (mine) add8(acc, v[u]);
       if (bias0 != nullptr) add8(acc, ld_nc_v4(bias0 + at));
       if (bias1 != nullptr) add8(acc, ld_nc_v4(bias1 + at));
       st_v4(ox + at, pack8(acc));

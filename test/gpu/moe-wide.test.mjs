@@ -2,12 +2,14 @@
 // groups (rf_combine_local's group ranges, the data kernel's steps) and fp8 scales of 16-byte vectors
 // (56 per token: the data kernel copies them with the row), each op bit for bit against the host group
 // given the same inputs (driver mode). Fresh and cached dispatch, bf16 and fp8; combine with 0 and 1
-// biases, with and without weights; 1, 2 and 4 ranks sharing GPU 0.
+// biases, with and without weights; 1, 2 and 4 ranks sharing GPU 0. And at 1 rank a combine of rows
+// of the values 0 + b does not give back as b (-0, NaN) among those it does (inf, subnormals), against
+// a reference computed here: rf_combine_local stores the rows that hold neither as they came.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
 import { createGroup, layouts, requireGpu, tensor } from './helpers.mjs';
-import { MOE_BUFFER, biasInput, combineInput, moeInput } from './moe-inputs.mjs';
+import { MOE_BUFFER, biasInput, combineInput, lcg, moeInput } from './moe-inputs.mjs';
 
 // This file's own process: moe-inputs reads the shape from MOE_BUFFER when called.
 Object.assign(MOE_BUFFER, { hidden: 7168, maxTokensPerRank: 160, bytes: 256 << 20 });
@@ -98,3 +100,49 @@ for (const layout of layouts([1, 2, 4])) {
     }
   });
 }
+
+// bf16 bits: -0, +0, +-inf, the smallest subnormals, the largest finite, NaNs (quiet, signed, signalling).
+const SPECIAL = [0x8000, 0x0000, 0x7f80, 0xff80, 0x0001, 0x807f, 0x7f7f, 0x7fc0, 0xffc1, 0x7f81];
+const isNaN16 = (h) => (h & 0x7fff) > 0x7f80;
+
+/** Rows of ordinary values with one element in 16 special (at random lanes), and one row all -0. */
+function specialRows(rows) {
+  const rng = lcg(4242);
+  const x = new Uint16Array(rows * hidden);
+  for (let i = 0; i < x.length; i++)
+    x[i] = rng() < 1 / 16 ? SPECIAL[Math.floor(rng() * SPECIAL.length)] : (Math.floor(rng() * 0x3e00) + 0x0100) | (rng() < 0.5 ? 0x8000 : 0);
+  if (rows > 3) x.fill(0x8000, 3 * hidden, 4 * hidden);
+  return x;
+}
+
+test('1 rank, no bias: combine gives each token 0 + its row rounded, -0 as +0 and NaN as NaN, on cuda and host', async () => {
+  const T = 150;
+  const ins = inputs(11, [T], false);
+  const groups = [];
+  try {
+    for (const backend of ['cuda', 'host']) groups.push(await createGroup({ backend, ranks: 1, ...(backend === 'cuda' ? { devices: [0] } : {}), buffer: MOE_BUFFER }));
+    for (const g of groups) {
+      const [d] = await g.dispatch(ins);
+      const rows = d.x.shape[0];
+      const x = specialRows(rows);
+      const [c] = await g.combine([{ x: tensor('bf16', [rows, hidden], x), handle: d.handle }]);
+      const want = new Uint16Array(T * hidden);  // a token that came to no rank: zeros
+      for (let j = 0; j < rows; j++)
+        for (let i = 0; i < hidden; i++) {
+          const h = x[j * hidden + i];
+          want[d.srcToken[j] * hidden + i] = h === 0x8000 ? 0 : h;
+        }
+      const got = c.x.data;
+      let nans = 0;
+      for (let i = 0; i < want.length; i++) {
+        if (isNaN16(want[i])) {
+          nans++;
+          assert.ok(isNaN16(got[i]), `${g.backend}: element ${i}: NaN 0x${want[i].toString(16)} became 0x${got[i].toString(16)}`);
+        } else assert.equal(got[i], want[i], `${g.backend}: element ${i} (token ${Math.floor(i / hidden)})`);
+      }
+      assert.ok(nans > 1000 && rows > 3, `the data has NaNs (${nans}) and the all -0 row`);
+    }
+  } finally {
+    for (const g of groups) await g.destroy();
+  }
+});
