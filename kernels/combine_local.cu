@@ -20,7 +20,8 @@ using namespace rankflow::kernels;
 // loads; each group's slot is a shuffle away, not a load after the mask's. Its tokens' weights (those
 // whose first group is in its range) are loaded at the start and stored at the end. One H200, 4096 x
 // 7168: 38.8 µs against a warp per token's 41.6 and the copy of its bytes' 30.7 (bench/results/
-// floors-2026-12-03.md; pipelining the next step's loads, with 4 or 8 loads per lane: 39.4, not better).
+// floors-2026-12-03.md; pipelining the next step's loads, with 4 or 8 loads per lane: 39.4, not better);
+// with plain rows stored as they came (copies_exactly): 36.2 (floors-2026-12-03-s21.md).
 // Without biases a token's output is 0 + its row in fp32, rounded: the row's own bits except where a
 // half is -0 (0 + -0 is +0) or a NaN (the GPU's NaN, quieted by the rounding). A vector with neither is
 // stored as it came, without add8 and pack8's 8 conversions, adds and roundings; one with either takes
