@@ -1,0 +1,138 @@
+/**
+ * An elastic world's leader lost together with more (docs/api.md "Elastic worlds"; actors/world/takeover.ts),
+ * the cases test/leader-takeover.test.ts leaves out, each in child processes (test/fixtures/elastic-world-child.mjs)
+ * with timeouts, the times until every survivor knows printed:
+ * - no leader can be reached (the rendezvous address held by another program): every survivor ends its
+ *   ops with RANK_FAILED saying no process took over, within its timeout, its group 'failed', and it
+ *   destroys it and exits cleanly;
+ * - the leader and the first candidate SIGKILLed together: the next candidate takes over after its turn,
+ *   the others go on (rankLeft for both ranges, every result the plain references' and the oracle's);
+ *   with no process left but one, that one leads itself;
+ * - the leader SIGKILLed during a rejoin: while the world takes over (the rejoiner retries), before
+ *   the rejoiner's table (it rejoins with the new leader) and after it (it fails with RANK_FAILED,
+ *   and a new rejoin works); the survivors never hang, their results stay right.
+ */
+import net from 'node:net';
+import { afterEach, describe, expect, it } from 'vitest';
+
+import { ensureCompiled, forkFixture, freePort, killAll, worldSources, type Child, type Message } from './helpers/children.js';
+import { prng, randInt } from './helpers/moe-reference.js';
+import type { Done } from './helpers/world-runs.js';
+
+const children: Child[] = [];
+const strangers: net.Server[] = [];
+afterEach(() => {
+  killAll(children);
+  for (const s of strangers.splice(0)) s.close();
+});
+
+const now = (): number => performance.timeOrigin + performance.now();
+const sources = [...worldSources, 'actors/elastic.ts', 'actors/elastic-world.ts', 'actors/elastic-join.ts', 'actors/startup.ts', 'actors/group.ts'];
+const sum = (xs: number[]): number => xs.reduce((a, b) => a + b, 0);
+const rangeOf = (layout: number[], p: number): number[] => Array.from({ length: layout[p]! }, (_, j) => sum(layout.slice(0, p)) + j);
+const all = (W: number): number[] => Array.from({ length: W }, (_, g) => g);
+const ms = (x: number): string => `${x.toFixed(0)} ms`;
+type Debug = { lines: string[]; on?: (line: string) => void };
+
+/** A world of `layout` running the op loop (`extra`: more of the fixture's options); process 0's debug log in `debug`. */
+async function world(layout: number[], ops: number, seed: number, extra: object = {}) {
+  ensureCompiled('dist/actors/world/takeover.js', sources);
+  const url = `tcp://127.0.0.1:${await freePort()}`, worldSize = sum(layout);
+  const spec = (p: number, more: object = {}) => ({ url, worldSize, rankOffset: sum(layout.slice(0, p)), ranks: layout[p], ops, seed, oracle: true, layout, ...extra, ...more });
+  const debug: Debug = { lines: [] };
+  const procs = layout.map((_, p) => p === 0
+    ? forkFixture('elastic-world-child', spec(p), { NODE_DEBUG: 'rankflow' }, (l) => (debug.lines.push(l), debug.on?.(l)))
+    : forkFixture('elastic-world-child', spec(p)));
+  children.push(...procs);
+  await Promise.all(procs.map((c) => c.next('ready', 30_000)));
+  return { procs, spec, url, port: Number(new URL(url).port), debug };
+}
+
+/** Resolves once process `c` says it reached op `at` of its loop. */
+const reaches = (c: Child, at: number): Promise<void> => new Promise((resolve) => {
+  const on = (m: Message): void => {
+    if (m.kind === 'at' && (m.i as number) >= at) (c.proc.off('message', on), resolve());
+  };
+  c.proc.on('message', on);
+});
+
+/** Resolves once process 0's debug log has a line matching `re` (rejects after 30 s). */
+const logged = (d: Debug, re: RegExp): Promise<void> => new Promise((resolve, reject) => {
+  if (d.lines.some((l) => re.test(l))) return resolve();
+  const timer = setTimeout(() => reject(new Error(`no ${re} in process 0's debug log: ${d.lines.slice(-5).join(' | ')}`)), 30_000);
+  d.on = (l) => re.test(l) && (d.on = undefined, clearTimeout(timer), resolve());
+});
+
+/** Listens at `port` as another program would: it holds every connection without a word (`silent`), or closes it at once. */
+async function stranger(port: number, silent: boolean): Promise<net.Server> {
+  const held: net.Socket[] = [];
+  const s = net.createServer((c) => (silent ? held.push(c) : c.destroy()));
+  s.on('close', () => held.forEach((c) => c.destroy()));
+  await new Promise<void>((resolve, reject) => (s.once('error', reject), s.listen(port, '127.0.0.1', () => resolve())));
+  strangers.push(s);
+  return s;
+}
+
+describe.each([[true], [false]])('no leader reachable: the rendezvous address held by another program (silent: %s) once the leader is SIGKILLed', (silent) => {
+  it("every survivor ends its ops with RANK_FAILED (no process took over) within its timeout, 'failed', destroys its group and exits 0", async () => {
+    const layout = [1, 1, 1], ops = 400, cpuSeconds = 3;
+    const { procs, port } = await world(layout, ops, 7, { cpuSeconds });
+    await reaches(procs[0]!, 20);
+    // Stopped, the survivors cannot bind the address before the other program does; then they see the loss.
+    for (const c of procs.slice(1)) c.proc.kill('SIGSTOP');
+    const killedAt = now();
+    procs[0]!.proc.kill('SIGKILL');
+    expect(await procs[0]!.exited).toBe('SIGKILL');
+    await stranger(port, silent);
+    for (const c of procs.slice(1)) c.proc.kill('SIGCONT');
+    const done = (await Promise.all(procs.slice(1).map((c) => c.next('done', 60_000)))) as Array<Done & { brokenAt: number | null }>;
+    const knows: number[] = [];
+    for (const d of done) {
+      expect(d.errors).toEqual([]);
+      expect(d.succeeded + d.rejected + d.skipped).toBe(ops);
+      expect(d.lefts.map((l) => l.rank)).toEqual([0]);
+      expect(d.state).toBe('failed');
+      expect(d.lastError).toMatchObject({ code: 'RANK_FAILED', message: expect.stringMatching(/no process took over within 3000 ms/) });
+      expect(d.brokenAt).not.toBeNull();
+      knows.push(d.brokenAt! - killedAt);
+    }
+    for (const c of procs.slice(1)) expect(await c.exited).toBe(0);  // destroy() resolved, nothing crashed
+    for (const t of knows) expect(t).toBeLessThan(cpuSeconds * 1000 + 10_000);
+    console.log(`no leader reachable (address held, ${silent ? 'silent' : 'closing'}), ${JSON.stringify(layout)}, timeouts.cpuSeconds ${cpuSeconds}: ` +
+      `kill -> every survivor knows the world is gone: ${knows.map(ms).join(', ')}`);
+  }, 120_000);
+});
+
+describe.each([[[1, 1, 1]], [[1, 1, 1, 1]], [[2, 1, 1, 1]]])('a world hosting %j ranks: the leader and the first candidate (process 1) SIGKILLed together', (layout) => {
+  it('the next candidate takes over after its turn; every survivor: rankLeft for both ranges, degraded, every result right (the oracle too)', async () => {
+    const W = sum(layout), gone = [...rangeOf(layout, 0), ...rangeOf(layout, 1)], ops = 120;
+    const left: number[] = [], first: number[] = [];
+    for (let rep = 0; rep < 2; rep++) {
+      const seed = 41 * rep + W, at = 10 + randInt(prng(seed), ops - 50);
+      const { procs } = await world(layout, ops, seed, { deadSets: [gone] });
+      await reaches(procs[0]!, at);
+      const killedAt = now();
+      procs[0]!.proc.kill('SIGKILL');
+      procs[1]!.proc.kill('SIGKILL');
+      const survivors = procs.slice(2);
+      const done = (await Promise.all(survivors.map((c) => c.next('done', 60_000)))) as Done[];
+      for (const c of procs.slice(0, 2)) expect(await c.exited).toBe('SIGKILL');
+      for (const d of done) {
+        expect(d.errors).toEqual([]);
+        expect(d.succeeded + d.rejected + d.skipped).toBe(ops);
+        expect(d.rejected).toBeLessThanOrEqual(4);
+        expect(d.oracle).toBeGreaterThan(2);
+        expect(d.lefts.map((l) => l.rank).sort()).toEqual(gone);
+        expect(d.lefts.every((l) => l.code === 'RANK_FAILED')).toBe(true);
+        expect({ state: d.state, liveRanks: d.liveRanks }).toEqual({ state: 'degraded', liveRanks: all(W).filter((g) => !gone.includes(g)) });
+        expect(d.firstOp).not.toBeNull();
+      }
+      left.push(Math.max(...done.flatMap((d) => d.lefts.map((l) => l.at))) - killedAt);
+      first.push(Math.max(...done.map((d) => d.firstOp!)) - killedAt);
+      children.splice(0).forEach((c) => c.proc.kill('SIGKILL'));
+    }
+    for (const t of [...left, ...first]) expect(t).toBeLessThan(10_000);
+    console.log(`${JSON.stringify(layout)}, processes 0 and 1 killed together: kill -> every survivor has rankLeft for both: ${left.map(ms).join(', ')}; ` +
+      `-> every survivor ran again: ${first.map(ms).join(', ')}`);
+  }, 240_000);
+});
