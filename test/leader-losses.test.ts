@@ -136,3 +136,51 @@ describe.each([[[1, 1, 1]], [[1, 1, 1, 1]], [[2, 1, 1, 1]]])('a world hosting %j
       `-> every survivor ran again: ${first.map(ms).join(', ')}`);
   }, 240_000);
 });
+
+// The leader SIGKILLed during a rejoin. [1, 1, 1, 1]: process 3 is killed first, its range rejoins with
+// a new process; then the leader (process 0) is killed, at a point of that rejoin. The survivors
+// (processes 1 and 2) wait for ranks [1, 2, 3] to serve, then every process runs phase 2 on them.
+describe('the leader SIGKILLed during a rejoin ([1, 1, 1, 1]: range 3 rejoining)', () => {
+  const layout = [1, 1, 1, 1], phase2 = 40, want = [1, 2, 3];
+  async function rejoinWorld(seed: number) {
+    const w = await world(layout, 40, seed, { phase2, wantLive: want });
+    await reaches(w.procs[3]!, 12);
+    w.procs[3]!.proc.kill('SIGKILL');
+    await Promise.all([w.procs[0], w.procs[1], w.procs[2]].map((c) => c!.next('done', 60_000)));
+    const rejoin = (): Child => {
+      const c = forkFixture('elastic-world-child', w.spec(3, { rejoin: true }));
+      children.push(c);
+      return c;
+    };
+    return { ...w, rejoin };
+  }
+  /** Phase 2 in the survivors and the rejoiner: a healthy group's results on ranks [1, 2, 3]. */
+  async function phase2Right(survivors: Child[], r: Child): Promise<void> {
+    expect(await r.next('ready', 30_000)).toMatchObject({ liveRanks: want });
+    for (const c of survivors) expect(await c.next('joined', 60_000)).toMatchObject({ liveRanks: want, state: 'degraded' });
+    for (const d of (await Promise.all([...survivors, r].map((c) => c.next('done2', 60_000)))) as Done[]) {
+      expect(d.errors).toEqual([]);
+      expect({ rejected: d.rejected, succeeded: d.succeeded, skipped: d.skipped, liveRanks: d.liveRanks }).toEqual({ rejected: 0, succeeded: phase2, skipped: 0, liveRanks: want });
+      expect(d.oracle).toBeGreaterThan(1);
+    }
+  }
+
+  it('while the world takes over (a survivor has not resumed yet): the rejoiner retries until the new leader serves, then rejoins', async () => {
+    const { procs, rejoin } = await rejoinWorld(5);
+    procs[2]!.proc.kill('SIGSTOP');  // process 1 leads and waits for its resume
+    const killedAt = now();
+    procs[0]!.proc.kill('SIGKILL');
+    const r = rejoin();
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    procs[2]!.proc.kill('SIGCONT');
+    const ready = await r.next('ready', 30_000).catch((e: Error) => ({ kind: 'none', why: e.message, refused: r.taken('refused') }));
+    expect(ready, JSON.stringify(ready)).toMatchObject({ kind: 'ready', state: 'degraded' });
+    console.log(`the leader killed while the world took over: kill -> the rejoiner serves ${ms(now() - killedAt)} (a survivor stopped for 1500 ms)`);
+    await phase2Right([procs[1]!, procs[2]!], reborn(r, ready as Message));
+  }, 120_000);
+});
+
+/** A child whose 'ready' was taken already: it is handed on with it put back. */
+function reborn(c: Child, ready: Message): Child {
+  return { ...c, next: (kind, t) => (kind === 'ready' ? Promise.resolve(ready) : c.next(kind, t)) };
+}

@@ -152,8 +152,10 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   /** leader.ts: an authenticated connection's join after the table: a rejoin, or refused (rejoin.ts). */
   offerRejoin(ch: Channel, m: Incoming): void {
     const last = this.peers[this.peers.length - 1]!;
+    // Taking over from a lost leader: the rejoiner is told to wait (it retries until its timeout: follower.ts).
+    if (!this.closed && this.awaiting && this.state.rejoinListeners.length > 0)
+      return ch.dismiss({ t: 'wait', reason: `${this.where}: the world is taking over from its lost leader (${this.awaiting.size} process(es) yet to resume)` });
     const problem = this.closed ? 'the world is closing' : this.state.rejoinListeners.length === 0 ? 'the world is not elastic'
-      : this.awaiting ? 'the world is taking over from its lost leader: try again in a moment'
       : rejoinProblem(m, this.peers, new Set(this.lost.keys()), this.rejoining !== undefined, last.rankOffset + last.localRanks, this.self);
     if (problem) return ch.dismiss({ t: 'error', code: 'EINVAL', message: `${this.where}: the leader refused this rejoin: ${problem}` });
     const j = m as unknown as Join;
