@@ -126,7 +126,7 @@ export class Membership {
     if (typeof erv.onRejoin === 'function') erv.onRejoin({ rejoining: (r) => this.rejoining(r), ended: (i, why) => {
       if (this.nextRejoin?.index === i) this.nextRejoin = undefined;
       else if (this.joining?.index === i) this.abandon(this.joining, why);
-    } });
+    }, joining: (i) => this.joining?.index === i && this.joining.ended === undefined });
     if (erv.rejoined) this.adopt(erv.rejoined);
   }
 
@@ -226,6 +226,7 @@ export class Membership {
         locals: () => this.locals(), told: (live, epoch, sessions) => this.told(live, epoch, sessions),
       };
       const told = await join(site, j);
+      if (j.ended !== undefined) throw new RankflowError('RANK_FAILED', `the rejoin of ${rangeOf(j.peer).join(', ')} ended: ${j.ended}`, { rank: j.peer.rankOffset });
       for (const g of rangeOf(j.peer)) this.live[g] = true;
       this.agreed = told.mask;
       this.epoch = told.epoch;

@@ -111,8 +111,14 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
     await g.workers.all((api) => api.register(peers));
     return sizes;
   }
-  const joined = rejoined
-    ? { ...(await rejoinSegments(met.rv as ElasticRendezvous, rejoined, exported, waitMs)), rv: met.rv }
+  // A rejoiner whose leader is lost before it serves fails at once (world/takeover.ts): its waits end with it.
+  let cut: RankflowError | undefined;
+  const broken = new Promise<never>((_, reject) => (met.rv as ElasticRendezvous).onBroken?.((e) => reject((cut = e))));
+  broken.catch(() => {});
+  const segments = rejoined ? rejoinSegments(met.rv as ElasticRendezvous, rejoined, exported, waitMs) : undefined;
+  segments?.then((s) => cut && loadAddon().closeFds(s.received), () => {});  // fds that came after the rejoin ended
+  const joined = segments
+    ? { ...(await Promise.race([segments, broken])), rv: met.rv }
     : await exchangeSegments(met, g.world, exported, waitMs, g.signal);
   if (g.destroying()) {  // torn down (aborted) while the world formed
     loadAddon().closeFds(joined.received);
@@ -141,6 +147,8 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
       });
     }
     await g.workers.all((api) => api.register(joined.peers));
+    if (cut) throw cut;
+    if (rejoined) (met.rv as ElasticRendezvous).served?.();
     return sizes;
   } finally {
     loadAddon().closeFds(joined.received);  // mapped by every local rank now (or never will be)

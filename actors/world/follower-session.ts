@@ -22,6 +22,8 @@ export class FollowerSession extends Session implements ElasticRendezvous {
   protected readonly joins: FollowerLive;
   protected readonly runs: FollowerRuns;
   private rejoining?: Rejoining;
+  /** the last rejoiner the leader took back (revived): its join may still be in progress here */
+  private revived?: number;
   localAddress = '';
   leaderAddress = '';
   /** an elastic world's (takeover.ts): called once the leader is lost (it is marked lost first), instead of failing the exchanges */
@@ -87,11 +89,20 @@ export class FollowerSession extends Session implements ElasticRendezvous {
     for (const x of [this.live, this.joins, this.runs]) x.fail(error);
   }
 
-  /** takeover.ts: a rejoin in progress when the leader was lost ends here (the new leader knows nothing of it). */
+  /**
+   * takeover.ts: a rejoin in progress when the leader was lost ends here (the new leader knows nothing
+   * of it). One whose rejoiner had its table (revived) but whose join has not ended here yet: the
+   * rejoiner is lost again (its windows were mapped against the old membership): its join ends and
+   * the new leader hears of the loss with this process's resume.
+   */
   endRejoinHere(reason: string): void {
     const r = this.rejoining;
     this.rejoining = undefined;
     if (r) for (const l of this.state.rejoinListeners) l.ended(r.index, reason);
+    const v = this.revived;
+    this.revived = undefined;
+    if (v !== undefined && this.state.rejoinListeners.some((l) => l.joining?.(v) === true))
+      this.markLost(v, `its rejoin had not ended when ${reason}: it takes its range back again with world.rejoin`);
   }
 
   /** The leader's messages on `channel`, and its loss. */
@@ -169,6 +180,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
       (this.peers as RendezvousPeer[])[i as number] = this.rejoining!.peer;
       this.lost.delete(i as number);
       this.rejoining = undefined;
+      this.revived = i as number;
     } else {
       if (!isText(m.reason, LIMITS.textChars)) return 'reason is not a string of bounded length';
       if (this.rejoining?.index !== i) return undefined;  // ended before this process heard of it

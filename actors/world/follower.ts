@@ -13,7 +13,7 @@ import { RankflowError } from '../core/errors.js';
 import { abortError, sleepUnless } from '../core/abort.js';
 import { FollowerAuth, isLoopbackHost } from './auth.js';
 import { AUTHENTICATED, Channel, UNAUTHENTICATED } from './channel.js';
-import { describeMissing, errorProblem, rangesProblem, refusedProblem, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
+import { LIMITS, describeMissing, errorProblem, isText, rangesProblem, refusedProblem, tableProblem, type Incoming, type Join, type Range } from './protocol.js';
 import type { Forming, RejoinedAt, Rendezvous, RendezvousPeer } from './rendezvous.js';
 import { rejoinedProblem, toRejoined } from './rejoin.js';
 import { FollowerSession } from './follower-session.js';
@@ -115,6 +115,10 @@ function tryOnce(self: Join, f: Forming, onStatus: (missing: Range[], refused: s
         ch.setLimits(AUTHENTICATED);
         ch.send(self);
         stage = 'joined';
+      } else if (m.t === 'wait') {
+        // A leader that takes over from a lost one admits no rejoin yet: this one tries again (until the deadline).
+        if (!self.rejoin || !isText(m.reason, LIMITS.textChars)) return invalid('wait', 'a wait is for a rejoining process, with a reason of bounded length');
+        settle({ kind: 'retry', reason: m.reason });
       } else if (m.t === 'status') {
         const problem = rangesProblem(m.missing, self.worldSize) ?? refusedProblem(m.refused);
         if (problem) return invalid('status', problem);

@@ -48,6 +48,7 @@ export type Message =
   | { t: 'denied' }
   | Join
   | { t: 'status'; missing: Range[]; refused: string[] }
+  | { t: 'wait'; reason: string }
   | { t: 'table'; peers: RendezvousPeer[]; rejoined?: RejoinedAt }
   | { t: 'error'; code: RankflowErrorCode; message: string; rank?: number }
   | { t: 'x'; seq: number; value: unknown }

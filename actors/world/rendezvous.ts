@@ -175,8 +175,11 @@ export interface Rejoining {
 export interface ElasticRendezvous extends Rendezvous {
   /** A second survivors' exchange, numbered apart: the rejoins' agreements. */
   exchangeJoin<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>>;
-  /** Every process: a rejoin began (`rejoining`), or ended before the rejoiner served (`ended`). */
-  onRejoin(l: { rejoining(r: Rejoining): void; ended(index: number, reason: string): void }): void;
+  /**
+   * Every process: a rejoin began (`rejoining`), or ended before the rejoiner served (`ended`);
+   * `joining(index)`: whether this process's join of process `index` is still in progress (takeover.ts).
+   */
+  onRejoin(l: { rejoining(r: Rejoining): void; ended(index: number, reason: string): void; joining?(index: number): boolean }): void;
   /** The leader: sends the rejoiner its table at `at` and takes it back into the world (its index is no longer lost). */
   admitRejoin?(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void;
   /** The leader: the rejoin in progress (of the process `pid`, if given) ends without the rejoiner (told `reason`). */
@@ -194,6 +197,8 @@ export interface ElasticRendezvous extends Rendezvous {
   readonly rejoined?: RejoinedAt;
   /** The leader was lost and no process took over within the timeout (takeover.ts): the world is gone for this process. */
   onBroken?(cb: (e: RankflowError) => void): void;
+  /** A rejoining process's (actors/startup.ts): it serves now; until then the leader's loss ends its rejoin (takeover.ts). */
+  served?(): void;
 }
 
 /** What leader.ts and follower.ts need to form a world. */

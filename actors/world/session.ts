@@ -6,6 +6,8 @@
 // before it is acted on; a peer that breaks the protocol is cut off, and reported lost with what it
 // sent. A follower that took over from a lost leader (takeover.ts) leads with a LeaderSession too: it
 // adopts its own exchanges waiting and takes in the others' resumes (world/resume.ts).
+import { debuglog } from 'node:util';
+
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
 import { LeaderLive, REJOIN, gathering, give, type LeaderOut } from './live-exchange.js';
@@ -19,6 +21,8 @@ import { Session, exchangeLimit, type PendingExchange, type WorldState } from '.
 // How far a follower's exchanges may run ahead of the leader's: in step, a follower is at most
 // one ahead (it cannot finish #n without the leader's value for #n).
 const MAX_SEQ_AHEAD = 16;
+
+const debug = debuglog('rankflow');
 
 export class LeaderSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, PendingExchange>();
@@ -148,8 +152,10 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   /** leader.ts: an authenticated connection's join after the table: a rejoin, or refused (rejoin.ts). */
   offerRejoin(ch: Channel, m: Incoming): void {
     const last = this.peers[this.peers.length - 1]!;
+    // Taking over from a lost leader: the rejoiner is told to wait (it retries until its timeout: follower.ts).
+    if (!this.closed && this.awaiting && this.state.rejoinListeners.length > 0)
+      return ch.dismiss({ t: 'wait', reason: `${this.where}: the world is taking over from its lost leader (${this.awaiting.size} process(es) yet to resume)` });
     const problem = this.closed ? 'the world is closing' : this.state.rejoinListeners.length === 0 ? 'the world is not elastic'
-      : this.awaiting ? 'the world is taking over from its lost leader: try again in a moment'
       : rejoinProblem(m, this.peers, new Set(this.lost.keys()), this.rejoining !== undefined, last.rankOffset + last.localRanks, this.self);
     if (problem) return ch.dismiss({ t: 'error', code: 'EINVAL', message: `${this.where}: the leader refused this rejoin: ${problem}` });
     const j = m as unknown as Join;
@@ -160,6 +166,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
       if (this.rejoining?.ch === ch) this.endRejoin(`the rejoining process left (${reason})`);
     });
     const peer = toPeer(join);
+    debug('%s: began the rejoin of %s', this.where, who(peer));
     for (const c of this.channels) c?.send({ t: 'rejoining', index, peer });
     for (const l of this.state.rejoinListeners) l.rejoining({ index, peer });
   }
@@ -175,6 +182,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     this.channels[r.index] = r.ch;
     this.attach(r.ch, r.index);
     for (const c of this.channels) if (c !== r.ch) c?.send({ t: 'revived', index: r.index });
+    debug('%s: sent its table to the rejoining %s', this.where, who(this.peers[r.index]!));
   }
 
   endRejoin(reason: string, pid?: number): void {

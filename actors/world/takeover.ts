@@ -37,12 +37,16 @@ type Side = LeaderSession | FollowerSession;
 export class ElasticSession implements ElasticRendezvous {
   private side: Side;
   private closed = false;
+  /** a rejoining process serves once its createGroup has joined (startup.ts); until then it does not take over */
+  private serving: boolean;
+  private brokenBy?: RankflowError;
   private readonly broken = new Set<(e: RankflowError) => void>();
   readonly rejoined?: RejoinedAt;
 
   constructor(session: Rendezvous, private readonly f: Forming, private readonly me: Join) {
     this.side = session as Side;
     this.rejoined = (session as Partial<FollowerSession>).rejoined;
+    this.serving = this.rejoined === undefined;
     this.follow();
   }
 
@@ -65,7 +69,12 @@ export class ElasticSession implements ElasticRendezvous {
   admitRejoin(at: Omit<RejoinedAt, 'liveSeq' | 'joinSeq'>): void { if (this.side instanceof LeaderSession) this.side.admitRejoin(at); }
   endRejoin(reason: string, pid?: number): void { if (this.side instanceof LeaderSession) this.side.endRejoin(reason, pid); }
   /** No leader could be reached after the leader was lost: the world is gone for this process. */
-  onBroken(cb: (e: RankflowError) => void): void { this.broken.add(cb); }
+  onBroken(cb: (e: RankflowError) => void): void {
+    this.broken.add(cb);
+    const e = this.brokenBy;
+    if (e) queueMicrotask(() => cb(e));  // broken already (a rejoiner's leader lost while it started its ranks)
+  }
+  served(): void { this.serving = true; }
 
   async close(): Promise<void> {
     this.closed = true;
@@ -73,7 +82,18 @@ export class ElasticSession implements ElasticRendezvous {
   }
 
   private follow(): void {
-    if (this.side instanceof FollowerSession) this.side.onLeaderLost = (reason) => void this.takeOver(this.side as FollowerSession, reason);
+    if (this.side instanceof FollowerSession) this.side.onLeaderLost = (reason) => (this.serving ? void this.takeOver(this.side as FollowerSession, reason) : this.rejoinLost(this.side as FollowerSession, reason));
+  }
+
+  /**
+   * A rejoining process whose leader was lost before it served: its windows and numbers are the old
+   * membership's, which the survivors leave (follower-session.ts endRejoinHere): its rejoin fails at
+   * once (RANK_FAILED); a new process takes the range back with world.rejoin.
+   */
+  private rejoinLost(old: FollowerSession, reason: string): void {
+    const gone = old.peers[old.leaderIndex]!;
+    this.fail(old, new RankflowError('RANK_FAILED', `${this.f.where}: the world's leader (${who(gone)}) was lost while this process rejoined (${reason}), ` +
+      'before it served: the rejoin ended; start the process again with world.rejoin to take the range back', { rank: gone.rankOffset }));
   }
 
   /** The leader was lost (`old` marked it lost): lead, or reach the one that does, within the timeout. */
@@ -109,6 +129,7 @@ export class ElasticSession implements ElasticRendezvous {
   }
 
   private fail(old: FollowerSession, error: RankflowError): void {
+    this.brokenBy ??= error;
     old.failWorld(error);
     for (const cb of this.broken) cb(error);
   }

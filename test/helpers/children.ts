@@ -78,12 +78,23 @@ export interface Child {
   exited: Promise<number | string>;
 }
 
-/** Forks test/fixtures/<name>.mjs with one JSON argument and IPC; `env` is added to this process's. */
-export function forkFixture(name: string, arg: unknown, env?: Record<string, string>): Child {
+/**
+ * Forks test/fixtures/<name>.mjs with one JSON argument and IPC; `env` is added to this process's.
+ * With `onStderr`, its stderr comes to it line by line (say, NODE_DEBUG=rankflow's log) instead of this process's.
+ */
+export function forkFixture(name: string, arg: unknown, env?: Record<string, string>, onStderr?: (line: string) => void): Child {
   const proc = fork(path.join(repoRoot, 'test/fixtures', `${name}.mjs`), [JSON.stringify(arg)], {
-    stdio: ['ignore', 'inherit', 'inherit', 'ipc'],
+    stdio: ['ignore', 'inherit', onStderr ? 'pipe' : 'inherit', 'ipc'],
     ...(env !== undefined ? { env: { ...process.env, ...env } } : {}),
   });
+  if (onStderr) {
+    let rest = '';
+    proc.stderr!.on('data', (d: Buffer) => {
+      const lines = (rest + d.toString()).split('\n');
+      rest = lines.pop()!;
+      for (const l of lines) onStderr(l);
+    });
+  }
   const inbox: Message[] = [];
   const waiters: Array<{ kind: string; resolve: (m: Message) => void }> = [];
   proc.on('message', (m: Message) => {
