@@ -199,14 +199,9 @@ export class FollowerSession extends Session implements ElasticRendezvous {
   }
 
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
-    const seq = ++this.seq;
-    const refused =
-      this.refuse() ??
-      (this.leaderLeft ? new RankflowError('STATE', `${this.where}: the leader closed the rendezvous`, { state: 'closed' }) : undefined);
-    if (refused) return Promise.reject(refused);
-    let wire: unknown;
+    let seq: number, wire: unknown;
     try {
-      wire = this.wire(value, seq);
+      ({ seq, wire } = this.open(value, this.leaderLeft ? new RankflowError('STATE', `${this.where}: the leader closed the rendezvous`, { state: 'closed' }) : undefined));
     } catch (e) {
       return Promise.reject(e);
     }

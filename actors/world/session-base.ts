@@ -149,6 +149,17 @@ export abstract class Session implements Rendezvous {
     };
   }
 
+  /**
+   * An exchange's start, either side's: its number, and this process's value as it will cross. Throws
+   * what the exchange must fail with: refuse()'s error, then the side's own (`refused`), then the value's EINVAL.
+   */
+  protected open(value: unknown, refused?: RankflowError): { seq: number; wire: unknown } {
+    const seq = ++this.seq;
+    const error = this.refuse() ?? refused;
+    if (error) throw error;
+    return { seq, wire: this.wire(value, seq) };
+  }
+
   /** The first error a new exchange must fail with, if any. */
   protected refuse(): RankflowError | undefined {
     if (this.closed) return new RankflowError('STATE', `${this.where}: exchange after close()`, { state: 'closed' });

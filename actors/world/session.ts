@@ -195,12 +195,9 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   }
 
   exchange<T>(value: T, opts?: { timeoutMs?: number }): Promise<T[]> {
-    const seq = ++this.seq;
-    const refused = this.refuse();
-    if (refused) return Promise.reject(refused);
-    let wire: unknown;
+    let seq: number, wire: unknown;
     try {
-      wire = this.wire(value, seq);
+      ({ seq, wire } = this.open(value));
     } catch (e) {
       return Promise.reject(e);
     }
