@@ -4,10 +4,10 @@
 // result region holds the tensor itself as the rank's slot: zero copy); every result equals the plain
 // reference computed here and, byte for byte, a host group running the same program. Sizes cover
 // the peer-pointer kernels (16-byte multiples) and the copy engines (sizes that are not).
-import { after, before, describe, test } from 'node:test';
+import { before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MiB, cudaGroup, engramSizeHint, hostGroup, layouts, range, requireGpu, tensor, toBf16 } from './helpers.mjs';
+import { cudaAndHost, engramSizeHint, layouts, MiB, range, requireGpu, tensor, toBf16 } from './helpers.mjs';
 import { randomTensor, referenceAllGather, referenceReduceScatter } from '../../dist/test/helpers/agrs-reference.js';
 import { prng, randInt } from '../../dist/test/helpers/moe-reference.js';
 
@@ -49,14 +49,7 @@ for (const layout of layouts([2, 4])) {
   const W = layout.ranks;
   describe(`AGRS views and async ops on cuda: ${layout.name}`, () => {
     let gpu, host;
-    before(async () => {
-      gpu = await cudaGroup(layout, { buffer: BUFFER });
-      host = await hostGroup(layout, { buffer: BUFFER });
-    });
-    after(async () => {
-      await gpu?.destroy();
-      await host?.destroy();
-    });
+    cudaAndHost(layout, BUFFER, (c, h) => ((gpu = c), (host = h)));
 
     test('session tensors and results lie in the rank\'s window (in place: the tensor is its slot); results equal the reference and the host group', async () => {
       const cs = cases(W, 40 + W);

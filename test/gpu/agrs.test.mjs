@@ -4,10 +4,10 @@
 // oracle: same protocol, slots, layouts, fp32 accumulation in rank order, bf16 round to nearest even).
 // Sizes are chosen to cover both put engines: peer-pointer kernels (16-byte multiples below
 // 1 MiB per destination) and copy engines (from 1 MiB, and any size that is not a 16-byte multiple).
-import { after, before, describe, test } from 'node:test';
+import { before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MiB, bytesOfTensor, createGroup, cudaGroup, hostGroup, layouts, pattern, range, recordPaths, requireGpu, tensor } from './helpers.mjs';
+import { bytesOfTensor, createGroup, cudaAndHost, cudaGroup, hostGroup, layouts, MiB, pattern, range, recordPaths, requireGpu, tensor } from './helpers.mjs';
 
 const BUFFER = { maxTokensPerRank: 8, hidden: 128, topk: 2, numExperts: 4, bytes: 64 * MiB };
 
@@ -68,14 +68,7 @@ for (const layout of layouts([2, 4])) {
 
   describe(`AGRS sessions on cuda: ${layout.name}`, () => {
     let gpu, host;
-    before(async () => {
-      gpu = await cudaGroup(layout, { buffer: BUFFER });
-      host = await hostGroup(layout, { buffer: BUFFER });
-    });
-    after(async () => {
-      await gpu?.destroy();
-      await host?.destroy();
-    });
+    cudaAndHost(layout, BUFFER, (c, h) => ((gpu = c), (host = h)));
 
     test('open, allGather, reduceScatter, close: each rank goes session.opening -> open -> gathering/reducing -> open -> closing -> ready', async () => {
       const paths = recordPaths(gpu);

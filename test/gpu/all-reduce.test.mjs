@@ -4,10 +4,10 @@
 // plainly (test/helpers/agrs-reference.ts). The data cancel (2^30 and -2^30 on two ranks, small values the partial sums swallow),
 // so a sum in another order differs. Driver mode stages host tensors through the window; rank
 // programs' device tensors are read and written where they lie, in place too, and captured in a graph.
-import { after, before, describe, test } from 'node:test';
+import { before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { MiB, bytesOfTensor, cudaGroup, floatToBf16, hostGroup, layouts, range, requireGpu, tensor } from './helpers.mjs';
+import { bytesOfTensor, cudaAndHost, floatToBf16, layouts, MiB, range, requireGpu, tensor } from './helpers.mjs';
 import { referenceAllReduce } from '../../dist/test/helpers/agrs-reference.js';
 
 // 12 experts: a whole number per rank at 2, 3 and 4 ranks.
@@ -39,14 +39,7 @@ for (const layout of layouts([2, 3, 4])) {
   const W = layout.ranks;
   describe(`allReduce, ${layout.name}`, () => {
     let gpu, host;
-    before(async () => {
-      gpu = await cudaGroup(layout, { buffer: BUFFER });
-      host = await hostGroup(layout, { buffer: BUFFER });
-    });
-    after(async () => {
-      await gpu?.destroy();
-      await host?.destroy();
-    });
+    cudaAndHost(layout, BUFFER, (c, h) => ((gpu = c), (host = h)));
 
     for (const [dtype, n] of CASES) {
       test(`driver mode, ${dtype} x ${n}: the host group's bytes and the plain sums on every rank`, async () => {

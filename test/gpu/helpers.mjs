@@ -4,6 +4,7 @@
 import { fork } from 'node:child_process';
 import { readdirSync } from 'node:fs';
 import net from 'node:net';
+import { after, before } from 'node:test';
 
 export * from '../../dist/actors/index.js';
 import { createGroup, probeCuda, tensor } from '../../dist/actors/index.js';
@@ -39,6 +40,26 @@ export const needsTwoGpus = () => (gpuCount() >= 2 ? false : `needs 2 GPUs; the 
 export const cudaGroup = (layout, opts = {}) =>
   createGroup({ backend: 'cuda', ranks: layout.ranks, devices: layout.devices, buffer: BUFFER, ...opts });
 export const hostGroup = (layout, opts = {}) => createGroup({ backend: 'host', ranks: layout.ranks, buffer: BUFFER, ...opts });
+
+/**
+ * Groups made in the enclosing describe's before() and destroyed in its after(): `specs` are their
+ * createGroup options ({ backend: 'cuda', ... } / { backend: 'host', ... }), `set` gets them in order.
+ * A group made before a later one failed to start is destroyed too.
+ */
+export function groupsFor(specs, set) {
+  const made = [];
+  before(async () => {
+    for (const o of specs) made.push(await createGroup(o));
+    set(...made);
+  });
+  after(async () => {
+    for (const g of made) await g.destroy();
+  });
+}
+
+/** A cuda group of `layout`'s ranks and a host group of as many on `buffer` (the host one the oracle). */
+export const cudaAndHost = (layout, buffer, set) =>
+  groupsFor([{ backend: 'cuda', ranks: layout.ranks, devices: layout.devices, buffer }, { backend: 'host', ranks: layout.ranks, buffer }], set);
 
 export const openFds = () => readdirSync('/proc/self/fd').length;
 export const range = (n) => Array.from({ length: n }, (_, i) => i);

@@ -5,10 +5,10 @@
 // biases, with and without weights; 1, 2 and 4 ranks sharing GPU 0. And at 1 rank a combine of rows
 // of the values 0 + b does not give back as b (-0, NaN) among those it does (inf, subnormals), against
 // a reference computed here: rf_combine_local stores the rows that hold neither as they came.
-import { after, before, describe, test } from 'node:test';
+import { before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { createGroup, layouts, requireGpu, tensor } from './helpers.mjs';
+import { createGroup, cudaAndHost, layouts, requireGpu, tensor } from './helpers.mjs';
 import { MOE_BUFFER, biasInput, combineInput, lcg, moeInput } from './moe-inputs.mjs';
 
 // This file's own process: moe-inputs reads the shape from MOE_BUFFER when called.
@@ -56,14 +56,7 @@ for (const layout of layouts([1, 2, 4])) {
   describe(`hidden ${hidden}: dispatch and combine on cuda equal the host executor: ${layout.name}`, () => {
     let cuda;
     let host;
-    before(async () => {
-      cuda = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: MOE_BUFFER });
-      host = await createGroup({ backend: 'host', ranks: W, buffer: MOE_BUFFER });
-    });
-    after(async () => {
-      await cuda?.destroy();
-      await host?.destroy();
-    });
+    cudaAndHost(layout, MOE_BUFFER, (c, h) => ((cuda = c), (host = h)));
 
     for (const fp8 of [false, true]) {
       test(`${fp8 ? 'fp8 + scales' : 'bf16'}: dispatch, cached dispatch, combine`, async () => {

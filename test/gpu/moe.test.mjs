@@ -7,7 +7,7 @@
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
-import { createGroup, layouts, recordPaths, requireGpu, tensor } from './helpers.mjs';
+import { createGroup, cudaAndHost, layouts, recordPaths, requireGpu, tensor } from './helpers.mjs';
 import { MOE_BUFFER, biasInput, combineInput, digest, moeInput } from './moe-inputs.mjs';
 
 before(() => requireGpu());
@@ -58,14 +58,7 @@ for (const layout of layouts([2, 4])) {
   describe(`dispatch and combine on cuda equal the host executor: ${layout.name}`, () => {
     let cuda;
     let host;
-    before(async () => {
-      cuda = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: MOE_BUFFER });
-      host = await createGroup({ backend: 'host', ranks: W, buffer: MOE_BUFFER });
-    });
-    after(async () => {
-      await cuda?.destroy();
-      await host?.destroy();
-    });
+    cudaAndHost(layout, MOE_BUFFER, (c, h) => ((cuda = c), (host = h)));
 
     /** The same dispatch on both groups; returns [cuda, host] results after checking them equal. */
     async function bothDispatch(ins, label) {
@@ -341,14 +334,7 @@ for (const layout of layouts([2, 4])) {
   describe(`a multi-block dispatch notify equals the host executor: ${layout.name}`, () => {
     let cuda;
     let host;
-    before(async () => {
-      cuda = await createGroup({ backend: 'cuda', ranks: W, devices: layout.devices, buffer: BIG_BUFFER });
-      host = await createGroup({ backend: 'host', ranks: W, buffer: BIG_BUFFER });
-    });
-    after(async () => {
-      await cuda?.destroy();
-      await host?.destroy();
-    });
+    cudaAndHost(layout, BIG_BUFFER, (c, h) => ((cuda = c), (host = h)));
 
     test(`bf16 top-8 of 256 at ${tokens.join('/')} tokens, then cached with new weights, then combine`, async () => {
       const ins = inputs(31, tokens);
