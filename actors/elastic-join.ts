@@ -82,7 +82,7 @@ export async function join(s: JoinSite, j: Joining): Promise<Told> {
   const told = s.told(s.live.map((l, g) => l || range.includes(g)), epoch + 1, sessions);
   s.rv.admitRejoin?.({ mask: hex(told.mask), epoch: told.epoch, sessions, seq, started: s.started });
   const mine = await Promise.all(locals.map((r) => s.ranks.call(r, (api) => api.exported())));
-  const swapping = swapSegments(s.rv, j.peer, mine, s.timeoutMs);
+  const swapping = swapSegments(s.rv, j.peer, mine, s.timeoutMs, j.gone);
   swapping.then((r) => j.ended !== undefined && loadAddon().closeFds(r.fds), () => {});  // fds that come after the join ended
   const received = await cut(swapping);
   try {
@@ -102,13 +102,18 @@ export function joinSocket(fdSocket: string, joins: number): string {
   return `${fdSocket.slice(0, fdSocket.lastIndexOf('-'))}-${createHash('sha256').update(`${fdSocket}:${joins}`).digest('hex').slice(0, 8)}`;
 }
 
-/** This survivor process's windows to the rejoiner, its windows from it (fds over a Unix socket, served to its pid only). */
-async function swapSegments(rv: ElasticRendezvous, joiner: RendezvousPeer, mine: ExportedSegments[], timeoutMs: number) {
+/**
+ * This survivor process's windows to the rejoiner, its windows from it (fds over a Unix socket, served
+ * to its pid only). A join that ends (`gone`) ends the server and the fetch too, rather than leaving them to their timeout.
+ */
+async function swapSegments(rv: ElasticRendezvous, joiner: RendezvousPeer, mine: ExportedSegments[], timeoutMs: number, gone: Promise<never>) {
   const addon = loadAddon();
   const me = payloadOf(rv.peers[rv.self]!), theirs = payloadOf(joiner);
   const withHost = me.withHost;
-  const serving = addon.fdServe(joinSocket(me.fdSocket, rv.joinsAt), [...mine.map((e) => e.deviceFd), ...(withHost ? mine.map((e) => e.hostFd) : [])], [joiner.pid], timeoutMs);
+  const socket = joinSocket(me.fdSocket, rv.joinsAt);
+  const serving = addon.fdServe(socket, [...mine.map((e) => e.deviceFd), ...(withHost ? mine.map((e) => e.hostFd) : [])], [joiner.pid], timeoutMs);
   serving.catch(() => {});
+  gone.catch(() => (addon.fdCancel(socket), addon.fdCancel(theirs.fdSocket)));
   const fds = await addon.fdFetch(theirs.fdSocket, timeoutMs, joiner.pid);
   try {
     const n = joiner.localRanks;
@@ -125,6 +130,13 @@ async function swapSegments(rv: ElasticRendezvous, joiner: RendezvousPeer, mine:
  * The rejoiner's side (actors/startup.ts): its ranks' windows to every survivor process of its node
  * and theirs from each (the windows of the ranks that serve, in rank order); -1 for the others.
  */
+/** rejoinSegments' fd server and fetches end now (the rejoin ended: no survivor serves or fetches any more). */
+export function cancelRejoin(rv: ElasticRendezvous, at: RejoinedAt): void {
+  const addon = loadAddon();
+  addon.fdCancel(payloadOf(rv.peers[rv.self]!).fdSocket);
+  rv.peers.forEach((p, i) => i !== rv.self && addon.fdCancel(joinSocket(payloadOf(p).fdSocket, at.joinSeq)));
+}
+
 export async function rejoinSegments(rv: ElasticRendezvous, at: RejoinedAt, local: ExportedSegments[], timeoutMs: number): Promise<{ peers: Segments[]; received: number[] }> {
   const addon = loadAddon();
   const me = payloadOf(rv.peers[rv.self]!), mask = BigInt(`0x${at.mask}`), withHost = me.withHost;

@@ -13,6 +13,7 @@ import { ensureFdpassAddon, forkFixture, killAll, repoRoot, type Child } from '.
 interface FdPassAddon {
   fdServe(socketPath: string, fds: number[], clients: number[], timeoutMs: number): Promise<void>;
   fdFetch(socketPath: string, timeoutMs: number, serverPid?: number): Promise<number[]>;
+  fdCancel(socketPath: string): number;
   memfdCreate(size: number): number;
   closeFd(fd: number): void;
 }
@@ -167,6 +168,28 @@ describe('fd passing in one process', () => {
       }
     };
     expect(received.filter(stillMemfd)).toEqual([]);
+    addon.closeFd(memfd);
+  });
+
+  it('fdCancel ends a server whose client never comes and a fetch whose server never listens, at once, with STATE; the name is free again', async () => {
+    const memfd = addon.memfdCreate(4096);
+    const socketPath = socketName(), nobody = socketName();
+    const t0 = Date.now();
+    const served = addon.fdServe(socketPath, [memfd], [me], 20_000);
+    const fetching = addon.fdFetch(nobody, 20_000);
+    await new Promise((r) => setTimeout(r, 300));
+    expect(addon.fdCancel(socketPath)).toBe(1);
+    expect(addon.fdCancel(nobody)).toBe(1);
+    await expect(served).rejects.toMatchObject({ code: 'STATE', message: expect.stringMatching(/cancelled after \d+ ms with 0 of 1 clients served/) });
+    await expect(fetching).rejects.toMatchObject({ code: 'STATE', message: expect.stringMatching(/cancelled while it waited for the server/) });
+    expect(Date.now() - t0).toBeLessThan(5000);
+    expect(addon.fdCancel(socketPath)).toBe(0);  // none runs now
+    expect(() => addon.fdCancel(7 as unknown as string)).toThrow(expect.objectContaining({ code: 'EINVAL' }));
+    const again = addon.fdServe(socketPath, [memfd], [me], 5000);  // the name was released
+    const [fd] = await addon.fdFetch(socketPath, 5000);
+    await again;
+    expect(inode(fd!)).toBe(inode(memfd));
+    addon.closeFd(fd!);
     addon.closeFd(memfd);
   });
 

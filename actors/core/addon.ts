@@ -187,6 +187,8 @@ export interface Addon {
   /** SCM_RIGHTS fd passing over a Unix socket ('@name' = abstract namespace); served once per pid in `clients`, to no one else. */
   fdServe(socketPath: string, fds: number[], clients: number[], timeoutMs: number): Promise<void>;
   fdFetch(socketPath: string, timeoutMs: number, serverPid?: number): Promise<number[]>;
+  /** Ends this process's fdServe and fdFetch calls of `socketPath` now (each rejects with STATE); how many. */
+  fdCancel(socketPath: string): number;
   closeFds(fds: number[]): void;
   /** The scale-out handshake's HMAC-SHA256 (tests check it against node:crypto). */
   hmacSha256(key: Uint8Array, message: Uint8Array): Uint8Array;

@@ -45,7 +45,8 @@ export const worldSources: string[] = [
 /** Builds the scratch fd-passing addon (native/test-fdpass) when it is older than its sources. */
 export function ensureFdpassAddon(): string {
   const out = 'build/test-fdpass/Release/rankflow_fdpass_test.node';
-  const sources = ['native/src/binding/fdpass.cc', 'native/src/binding/fdpass.hpp', 'native/test-fdpass/addon_fdpass_test.cc', 'native/test-fdpass/CMakeLists.txt'];
+  const sources = ['native/src/binding/fdpass.cc', 'native/src/binding/fdpass.hpp', 'native/src/runtime/fdpass.hpp', 'native/src/runtime/fdpass_socket.hpp',
+    'native/src/runtime/fdpass_serve.cc', 'native/src/runtime/fdpass_fetch.cc', 'native/test-fdpass/addon_fdpass_test.cc', 'native/test-fdpass/CMakeLists.txt'];
   if (!isFresh(out, sources)) {
     execFileSync(
       process.execPath,

@@ -148,6 +148,16 @@ Napi::Value FdFetch(const Napi::CallbackInfo& info) {
   return p;
 }
 
+// fdCancel(socketPath): this process's fdServe and fdFetch calls of that name reject now (STATE); how many.
+Napi::Value FdCancel(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (info.Length() < 1 || !info[0].IsString()) {  // thrown without C++ exceptions: the scratch addon (native/test-fdpass) has none
+    napi_throw(env, make_error(env, "EINVAL", "fdCancel(socketPath: string): socketPath must be a string"));
+    return env.Undefined();
+  }
+  return Napi::Number::New(env, fd_cancel(info[0].As<Napi::String>().Utf8Value()));
+}
+
 }  // namespace
 
 }  // namespace rankflow
@@ -155,4 +165,5 @@ Napi::Value FdFetch(const Napi::CallbackInfo& info) {
 void RegisterFdPass(Napi::Env env, Napi::Object exports) {
   exports.Set("fdServe", Napi::Function::New(env, rankflow::FdServe, "fdServe"));
   exports.Set("fdFetch", Napi::Function::New(env, rankflow::FdFetch, "fdFetch"));
+  exports.Set("fdCancel", Napi::Function::New(env, rankflow::FdCancel, "fdCancel"));
 }

@@ -30,6 +30,11 @@ struct FdPassError : std::runtime_error {
 void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const std::vector<pid_t>& clients,
               int64_t timeout_ms);
 
+// Ends this process's fd_serve and fd_fetch calls of `socket_path` now (each throws STATE "cancelled";
+// a fetch while it waits for its server to listen); returns how many. A join that ended need not hold
+// a thread until its timeout for clients or a server that will not come.
+int fd_cancel(const std::string& socket_path);
+
 // Connects (retrying until the server is up or `timeout_ms` has passed) and returns the received
 // fds, opened O_CLOEXEC. With `server_pid` > 0, a server that is another process is refused.
 // On any error no received fd stays open.

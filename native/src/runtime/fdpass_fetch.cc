@@ -12,7 +12,9 @@ std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pi
   const int64_t start = now_ms();
   const int64_t deadline = start + timeout_ms;
 
-  // The server may not be listening yet: refused (abstract) or missing (path) means "try again".
+  // The server may not be listening yet: refused (abstract) or missing (path) means "try again"
+  // (until the deadline, or fd_cancel).
+  const Cancellable registered(socket_path, what);
   Fd sock;
   int64_t backoff = kFirstBackoffMs;
   int attempts = 0;
@@ -29,10 +31,7 @@ std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pi
       throw FdPassError("TIMEOUT_CPU", what + ": no server after " + std::to_string(now_ms() - start) + " ms (" +
                                            std::to_string(attempts) + " attempts, last connect: " +
                                            std::strerror(err) + ")");
-    const int64_t sleep_ms = std::min(backoff, left);
-    timespec ts{time_t(sleep_ms / 1000), long((sleep_ms % 1000) * 1000000)};
-    while (::nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
+    registered.sleep(std::min(backoff, left));
     backoff = std::min(backoff * 2, kMaxBackoffMs);
   }
   const pid_t server = check_peer_uid(sock.get(), what);

@@ -11,8 +11,55 @@
 // (/proc/net/unix), and a rank's memory is for the processes of its world only.
 #include "fdpass_socket.hpp"
 
+#include <mutex>
+#include <sys/eventfd.h>
+
 namespace rankflow {
 using namespace fdpass_detail;
+
+namespace {
+// The serves and fetches running in this process, by socket name: an eventfd each (Cancellable).
+std::mutex cancel_mu;
+std::multimap<std::string, int>& running() {
+  static std::multimap<std::string, int> m;
+  return m;
+}
+}  // namespace
+
+Cancellable::Cancellable(const std::string& path, const std::string& what)
+    : path_(path), what_(what), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+  if (wake_.get() < 0) sys_fail(what, "eventfd", errno);
+  std::lock_guard<std::mutex> lock(cancel_mu);
+  running().emplace(path_, wake_.get());
+}
+
+Cancellable::~Cancellable() {
+  std::lock_guard<std::mutex> lock(cancel_mu);
+  auto [lo, hi] = running().equal_range(path_);
+  for (auto it = lo; it != hi; ++it)
+    if (it->second == wake_.get()) {
+      running().erase(it);
+      break;
+    }
+}
+
+void Cancellable::sleep(int64_t ms) const {
+  pollfd p{wake_.get(), POLLIN, 0};
+  while (::poll(&p, 1, int(ms)) < 0 && errno == EINTR) {
+  }
+  if (p.revents != 0) cancelled("while it waited for the server");
+}
+
+void Cancellable::cancelled(const std::string& detail) const { throw FdPassError("STATE", what_ + ": cancelled " + detail); }
+
+int fd_cancel(const std::string& socket_path) {
+  std::lock_guard<std::mutex> lock(cancel_mu);
+  int n = 0;
+  const uint64_t one = 1;
+  auto [lo, hi] = running().equal_range(socket_path);
+  for (auto it = lo; it != hi; ++it) n += ::write(it->second, &one, sizeof one) == ssize_t(sizeof one) ? 1 : 0;
+  return n;
+}
 
 void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const std::vector<pid_t>& clients,
               int64_t timeout_ms) {
@@ -46,6 +93,7 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const
     }
   } unlink_guard{addr};
   if (::listen(listener.get(), 128) != 0) sys_fail(what, "listen", errno);
+  const Cancellable registered(socket_path, what);
 
   AllowedClients allowed(clients);
   std::vector<PendingClient> pending;  // sent everything, waiting for the ack
@@ -68,12 +116,16 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const
     std::vector<pollfd> polls;
     polls.push_back({listener.get(), POLLIN, 0});
     for (const auto& c : pending) polls.push_back({c.fd.get(), POLLIN, 0});
+    polls.push_back({registered.fd(), POLLIN, 0});
     const int r = ::poll(polls.data(), polls.size(), int(std::min<int64_t>(left, 1 << 30)));
     if (r < 0) {
       if (errno == EINTR) continue;
       sys_fail(what, "poll", errno);
     }
     if (r == 0) continue;
+    if (polls.back().revents != 0)
+      registered.cancelled("after " + std::to_string(now_ms() - start) + " ms with " + std::to_string(served) + " of " +
+                           std::to_string(expected_clients) + " clients served");
 
     // Acks first (indices match `pending` before accepting appends to it).
     std::vector<PendingClient> still;

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -77,6 +78,26 @@ class Fd {
 
  private:
   int fd_ = -1;
+};
+
+// A running fd_serve or fd_fetch of one socket name, registered for fd_cancel (fdpass_serve.cc keeps
+// the registry): an eventfd it polls beside its socket (or sleeps on between connects); `cancelled()`
+// throws STATE once fd_cancel wrote it.
+class Cancellable {
+ public:
+  Cancellable(const std::string& path, const std::string& what);
+  ~Cancellable();
+  Cancellable(const Cancellable&) = delete;
+  Cancellable& operator=(const Cancellable&) = delete;
+  int fd() const { return wake_.get(); }
+  // Waits up to `ms` for a cancel (the sleep between a fetch's connects); throws if one came.
+  void sleep(int64_t ms) const;
+  [[noreturn]] void cancelled(const std::string& detail) const;
+
+ private:
+  const std::string path_;
+  const std::string what_;
+  Fd wake_;
 };
 
 // Owns the fds received so far: an error half way through closes every one of them.
