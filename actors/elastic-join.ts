@@ -95,8 +95,8 @@ export async function join(s: JoinSite, j: Joining): Promise<Told> {
 
 /**
  * A survivor's fd socket for the join after `joins` rejoins' exchanges: its world's name with another
- * suffix, which the rejoiner derives alike. Not the formation's: a join that ended may leave its
- * server (for a dead rejoiner's pid) up until its timeout.
+ * suffix, which the rejoiner derives alike. Not the formation's, and one per join: a join that ended
+ * cancels its server (swapSegments), but a name of its own never meets a server still closing.
  */
 export function joinSocket(fdSocket: string, joins: number): string {
   return `${fdSocket.slice(0, fdSocket.lastIndexOf('-'))}-${createHash('sha256').update(`${fdSocket}:${joins}`).digest('hex').slice(0, 8)}`;
