@@ -128,16 +128,12 @@ async function swapSegments(rv: ElasticRendezvous, joiner: RendezvousPeer, mine:
 
 /**
  * The rejoiner's side (actors/startup.ts): its ranks' windows to every survivor process of its node
- * and theirs from each (the windows of the ranks that serve, in rank order); -1 for the others.
+ * and theirs from each (the windows of the ranks that serve, in rank order); -1 for the others. A
+ * rejoin that ends first (`gone`: the survivors end the join) cancels its server and fetches, and
+ * starts no other: nobody serves or fetches for it any more.
  */
-/** rejoinSegments' fd server and fetches end now (the rejoin ended: no survivor serves or fetches any more). */
-export function cancelRejoin(rv: ElasticRendezvous, at: RejoinedAt): void {
-  const addon = loadAddon();
-  addon.fdCancel(payloadOf(rv.peers[rv.self]!).fdSocket);
-  rv.peers.forEach((p, i) => i !== rv.self && addon.fdCancel(joinSocket(payloadOf(p).fdSocket, at.joinSeq)));
-}
-
-export async function rejoinSegments(rv: ElasticRendezvous, at: RejoinedAt, local: ExportedSegments[], timeoutMs: number): Promise<{ peers: Segments[]; received: number[] }> {
+export async function rejoinSegments(rv: ElasticRendezvous, at: RejoinedAt, local: ExportedSegments[], timeoutMs: number,
+  gone: Promise<never>): Promise<{ peers: Segments[]; received: number[] }> {
   const addon = loadAddon();
   const me = payloadOf(rv.peers[rv.self]!), mask = BigInt(`0x${at.mask}`), withHost = me.withHost;
   const serves = (g: number) => ((mask >> BigInt(g)) & 1n) === 1n;
@@ -147,9 +143,16 @@ export async function rejoinSegments(rv: ElasticRendezvous, at: RejoinedAt, loca
   const others = rv.peers.filter((p, i) => i !== rv.self && rangeOf(p).some(serves));
   const serving = addon.fdServe(me.fdSocket, [...local.map((e) => e.deviceFd), ...(withHost ? local.map((e) => e.hostFd) : [])], others.map((p) => p.pid), timeoutMs);
   serving.catch(() => {});
+  let ended: unknown;
+  gone.catch((e: unknown) => {
+    ended = e;
+    addon.fdCancel(me.fdSocket);
+    for (const p of others) addon.fdCancel(joinSocket(payloadOf(p).fdSocket, at.joinSeq));
+  });
   const received: number[] = [];
   try {
     for (const p of others) {
+      if (ended !== undefined) throw ended;
       const live = rangeOf(p).filter(serves);
       const fds = await addon.fdFetch(joinSocket(payloadOf(p).fdSocket, at.joinSeq), timeoutMs, p.pid);
       received.push(...fds);

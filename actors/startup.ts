@@ -14,7 +14,7 @@ import { ncclHostIdFor, railIds } from './world/nccl.js';
 import { connectScaleOut } from './world/scaleout.js';
 import type { ElasticRendezvous, RejoinedAt, Rendezvous } from './world/rendezvous.js';
 import type { Membership, RankInit } from '../workers/protocol.js';
-import { cancelRejoin, rejoinSegments } from './elastic-join.js';
+import { rejoinSegments } from './elastic-join.js';
 import { localGpuIds, type GroupOptions, type GroupPlan } from './options.js';
 import { cutShort, type RankHandle, type Ranks } from './ranks.js';
 
@@ -113,13 +113,10 @@ export async function startRanks(g: StartSite, t: GroupPlan): Promise<{ bufferBy
   }
   // A rejoiner whose leader is lost before it serves fails at once (world/takeover.ts): its waits end with it.
   let cut: RankflowError | undefined;
-  const broken = new Promise<never>((_, reject) => (met.rv as ElasticRendezvous).onBroken?.((e) => {
-    cut = e;
-    if (rejoined) cancelRejoin(met.rv as ElasticRendezvous, rejoined);  // the survivors ended the join: its fd passing need not wait out its timeouts
-    reject(e);
-  }));
+  const broken = new Promise<never>((_, reject) => (met.rv as ElasticRendezvous).onBroken?.((e) => reject((cut = e))));
   broken.catch(() => {});
-  const segments = rejoined ? rejoinSegments(met.rv as ElasticRendezvous, rejoined, exported, waitMs) : undefined;
+  // (the survivors end the join: its fd passing ends with it rather than at its timeouts)
+  const segments = rejoined ? rejoinSegments(met.rv as ElasticRendezvous, rejoined, exported, waitMs, broken) : undefined;
   segments?.then((s) => cut && loadAddon().closeFds(s.received), () => {});  // fds that came after the rejoin ended
   const joined = segments
     ? { ...(await Promise.race([segments, broken])), rv: met.rv }

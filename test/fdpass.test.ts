@@ -193,6 +193,29 @@ describe('fd passing in one process', () => {
     addon.closeFd(memfd);
   });
 
+  it('fdCancel ends a call made before it that has not started yet (queued behind a busy thread pool); a call made after it is not affected', async () => {
+    const pool = Number(process.env.UV_THREADPOOL_SIZE ?? 4);
+    const blockers = Array.from({ length: pool }, () => socketName());
+    const busy = blockers.map((n) => addon.fdFetch(n, 20_000));  // every pool thread waits for a server
+    const queued = socketName();
+    const t0 = Date.now();
+    const late = addon.fdFetch(queued, 20_000);
+    for (const p of [...busy, late]) p.catch(() => {});  // each is awaited below, one after the other
+    await new Promise((r) => setTimeout(r, 200));
+    expect(addon.fdCancel(queued)).toBe(0);  // not running: still queued
+    for (const n of blockers) expect(addon.fdCancel(n)).toBe(1);
+    for (const b of busy) await expect(b).rejects.toMatchObject({ code: 'STATE' });
+    await expect(late).rejects.toMatchObject({ code: 'STATE', message: expect.stringMatching(/cancelled before it started/) });
+    expect(Date.now() - t0).toBeLessThan(5000);
+    const memfd = addon.memfdCreate(4096);
+    const served = addon.fdServe(queued, [memfd], [me], 5000);  // made after the cancel: it serves
+    const [fd] = await addon.fdFetch(queued, 5000);
+    await served;
+    expect(inode(fd!)).toBe(inode(memfd));
+    addon.closeFd(fd!);
+    addon.closeFd(memfd);
+  });
+
   it('passes an empty list', async () => {
     const socketPath = socketName();
     const served = addon.fdServe(socketPath, [], [me], 2000);

@@ -118,8 +118,9 @@ Napi::Value FdServe(const Napi::CallbackInfo& info) {
   int64_t timeout = 0;
   if (!read_timeout(info[3], &timeout)) return rejected(env, what + ": timeoutMs must be a number > 0");
   // The caller keeps `fds` open until the promise settles; we neither dup nor close them.
-  auto* w = new FdPassWorker<Nothing>(env, "rankflow.fdServe", [path, fds, clients, timeout]() {
-    fd_serve(path, fds, clients, timeout);
+  const uint64_t cancels = fd_cancels(path);  // a cancel from now on ends it, started or not
+  auto* w = new FdPassWorker<Nothing>(env, "rankflow.fdServe", [path, fds, clients, timeout, cancels]() {
+    fd_serve(path, fds, clients, timeout, cancels);
     return Nothing{};
   });
   Napi::Promise p = w->Promise();
@@ -142,7 +143,7 @@ Napi::Value FdFetch(const Napi::CallbackInfo& info) {
     server_pid = pid_t(d);
   }
   auto* w = new FdPassWorker<std::vector<int>>(env, "rankflow.fdFetch",
-                                               [path, timeout, server_pid]() { return fd_fetch(path, timeout, server_pid); });
+                                               [path, timeout, server_pid, cancels = fd_cancels(path)]() { return fd_fetch(path, timeout, server_pid, cancels); });
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;

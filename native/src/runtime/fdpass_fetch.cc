@@ -5,7 +5,7 @@
 namespace rankflow {
 using namespace fdpass_detail;
 
-std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pid_t server_pid) {
+std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pid_t server_pid, uint64_t cancels) {
   const std::string what = "fdFetch(" + socket_path + ")";
   if (timeout_ms <= 0) throw FdPassError("EINVAL", what + ": timeoutMs must be > 0");
   const SocketAddress addr = make_address(socket_path, what);
@@ -14,7 +14,7 @@ std::vector<int> fd_fetch(const std::string& socket_path, int64_t timeout_ms, pi
 
   // The server may not be listening yet: refused (abstract) or missing (path) means "try again"
   // (until the deadline, or fd_cancel).
-  const Cancellable registered(socket_path, what);
+  const Cancellable registered(socket_path, what, cancels);
   Fd sock;
   int64_t backoff = kFirstBackoffMs;
   int attempts = 0;

@@ -24,12 +24,18 @@ std::multimap<std::string, int>& running() {
   static std::multimap<std::string, int> m;
   return m;
 }
+std::map<std::string, uint64_t>& cancels_of() {  // a few names a join, kept for the process's life
+  static std::map<std::string, uint64_t> m;
+  return m;
+}
 }  // namespace
 
-Cancellable::Cancellable(const std::string& path, const std::string& what)
+Cancellable::Cancellable(const std::string& path, const std::string& what, uint64_t cancels)
     : path_(path), what_(what), wake_(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
   if (wake_.get() < 0) sys_fail(what, "eventfd", errno);
   std::lock_guard<std::mutex> lock(cancel_mu);
+  auto c = cancels_of().find(path_);
+  if (c != cancels_of().end() && c->second > cancels) cancelled("before it started");
   running().emplace(path_, wake_.get());
 }
 
@@ -52,8 +58,15 @@ void Cancellable::sleep(int64_t ms) const {
 
 void Cancellable::cancelled(const std::string& detail) const { throw FdPassError("STATE", what_ + ": cancelled " + detail); }
 
+uint64_t fd_cancels(const std::string& socket_path) {
+  std::lock_guard<std::mutex> lock(cancel_mu);
+  auto c = cancels_of().find(socket_path);
+  return c == cancels_of().end() ? 0 : c->second;
+}
+
 int fd_cancel(const std::string& socket_path) {
   std::lock_guard<std::mutex> lock(cancel_mu);
+  ++cancels_of()[socket_path];
   int n = 0;
   const uint64_t one = 1;
   auto [lo, hi] = running().equal_range(socket_path);
@@ -62,7 +75,7 @@ int fd_cancel(const std::string& socket_path) {
 }
 
 void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const std::vector<pid_t>& clients,
-              int64_t timeout_ms) {
+              int64_t timeout_ms, uint64_t cancels) {
   const std::string what = "fdServe(" + socket_path + ")";
   for (pid_t p : clients)
     if (p <= 0) throw FdPassError("EINVAL", what + ": clients must be pids > 0, got " + std::to_string(p));
@@ -93,7 +106,7 @@ void fd_serve(const std::string& socket_path, const std::vector<int>& fds, const
     }
   } unlink_guard{addr};
   if (::listen(listener.get(), 128) != 0) sys_fail(what, "listen", errno);
-  const Cancellable registered(socket_path, what);
+  const Cancellable registered(socket_path, what, cancels);
 
   AllowedClients allowed(clients);
   std::vector<PendingClient> pending;  // sent everything, waiting for the ack

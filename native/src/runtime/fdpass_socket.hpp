@@ -85,7 +85,8 @@ class Fd {
 // throws STATE once fd_cancel wrote it.
 class Cancellable {
  public:
-  Cancellable(const std::string& path, const std::string& what);
+  // Throws at once if `path` was cancelled more than `cancels` times (a cancel after the call was made).
+  Cancellable(const std::string& path, const std::string& what, uint64_t cancels);
   ~Cancellable();
   Cancellable(const Cancellable&) = delete;
   Cancellable& operator=(const Cancellable&) = delete;
