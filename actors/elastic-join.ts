@@ -67,6 +67,8 @@ export async function join(s: JoinSite, j: Joining): Promise<Told> {
   const at = await Promise.all(locals.map((r) => s.ranks.call(r, (api) => api.position())));
   const mask = s.live.reduce((m, l, g) => (l ? m | (1n << BigInt(g)) : m), 0n);
   const cut = <T>(p: Promise<T>): Promise<T> => Promise.race([p, j.gone]);
+  // Ended while the positions came: its round may be over (a later rejoin's exchanges start there), so it opens none.
+  if (j.ended) throw new RankflowError('RANK_FAILED', `the rejoin of ${who(j.peer)} ended: ${j.ended}`, { rank: j.peer.rankOffset });
   const values = await cut(s.rv.exchangeJoin({ seq: Math.max(0, ...at.map((p) => p.seq)), sessions: Math.max(0, ...at.map((p) => p.sessions)), epoch: s.epoch, mask: hex(mask) }));
   let seq = 0, sessions = 0, epoch = 0;
   values.forEach((v, i) => {

@@ -5,7 +5,9 @@
 // exchange ends that exchange at once; an end that came before the leaving still completes.
 import { describe, expect, it } from 'vitest';
 
+import { FollowerLive } from '../actors/world/live-exchange.js';
 import { FollowerRuns, LeaderRuns } from '../actors/world/run-exchange.js';
+import { RankflowError } from '../actors/core/errors.js';
 import type { Incoming, Message } from '../actors/world/protocol.js';
 import type { RendezvousPeer } from '../actors/world/rendezvous.js';
 
@@ -75,3 +77,35 @@ describe('the run ends\' exchange', () => {
     expect(w.followers[0]!.onMessage({ t: 'rxall', seq: 1, values: [1] })).toMatch(/invalid result/);
   });
 });
+
+// A follower whose leader is lost: its exchanges waiting are decided by the takeover (the next leader's
+// answer, or RANK_FAILED when none took over), not by their own timeout racing the takeover's.
+describe("a follower's exchanges waiting when its leader is lost", () => {
+  const sides = {
+    "survivors' exchange": () => {
+      const f = new FollowerLive(3, () => {}, 'test', 150);
+      return { f, wait: () => f.exchange('v') };
+    },
+    "run end's exchange": () => {
+      const f = new FollowerRuns(3, () => {}, 'test', 1 << 16, 150);
+      return { f, wait: () => f.exchange(1, 'v') };
+    },
+  };
+  for (const [name, make] of Object.entries(sides)) {
+    it(`${name}: extendWaits starts its clock again, so the takeover's failure is what it hears; without it, its own TIMEOUT_CPU`, async () => {
+      const plain = make();
+      await expect(plain.wait()).rejects.toMatchObject({ code: 'TIMEOUT_CPU', message: expect.stringMatching(/no answer from the leader after \d+ ms/) });
+      const { f, wait } = make();
+      const waiting = wait();
+      let settled = false;
+      waiting.then(() => (settled = true), () => (settled = true));
+      await new Promise((r) => setTimeout(r, 75));
+      f.extendWaits(2000);  // the leader is lost here
+      await new Promise((r) => setTimeout(r, 250));  // past its first timeout (150 ms)
+      expect(settled).toBe(false);
+      f.fail(new RankflowError('RANK_FAILED', 'no process took over', { rank: 0 }));
+      await expect(waiting).rejects.toMatchObject({ code: 'RANK_FAILED', message: 'no process took over' });
+    });
+  }
+});
+

@@ -5,7 +5,7 @@
 // leader it reaches (reconnect), or leads itself.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { FollowerLive, REJOIN } from './live-exchange.js';
+import { FollowerLive, MAX_AHEAD, REJOIN, roundEnded } from './live-exchange.js';
 import { FollowerRuns } from './run-exchange.js';
 import {
   LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, quote, releaseProblem, toFailure, toRelease, who,
@@ -156,7 +156,13 @@ export class FollowerSession extends Session implements ElasticRendezvous {
         const leader = this.leader;
         if (this.onLeaderLost) this.parked ??= [];  // from now on, what this process sends waits for the next leader
         this.markLost(leader, `${reason}, seen by ${who(self)}`);
-        if (this.onLeaderLost) return this.onLeaderLost(reason);
+        if (this.onLeaderLost) {
+          // The takeover (its timeout), then the survivors' resumes (theirs), decide these exchanges; their own clocks wait past both.
+          // A rejoin's exchanges end instead: the rejoin in progress ends with the leader (takeover.ts endRejoinHere).
+          for (const x of [this.live, this.runs]) x.extendWaits(3 * this.timeoutMs);
+          this.joins.endRound(roundEnded(where));
+          return this.onLeaderLost(reason);
+        }
         for (const x of [this.live, this.joins, this.runs]) x.fail(this.lostError(leader));
       },
     );
@@ -169,11 +175,14 @@ export class FollowerSession extends Session implements ElasticRendezvous {
     if (m.t === 'rejoining') {
       const p = m.peer;
       if (!this.lost.has(i as number) || this.rejoining) return 'not a lost process, or a rejoin is already in progress';
+      if (!isInt(m.joinSeq, this.joins.at, this.joins.at + MAX_AHEAD)) return `joinSeq ${quote(m.joinSeq)} is not a count of the rejoins' exchanges in [${this.joins.at}, ${this.joins.at + MAX_AHEAD}]`;
       const last = this.peers[this.peers.length - 1]!;
       if (!isObject(p) || entryProblem(p, last.rankOffset + last.localRanks) !== undefined || p.rankOffset !== was.rankOffset || p.localRanks !== was.localRanks)
         return `peer ${quote(p)} is not an entry for ${who(was)}'s range`;
       const peer: RendezvousPeer = { rankOffset: was.rankOffset, localRanks: was.localRanks, payload: p.payload as Record<string, unknown>, hostId: p.hostId as string, nodeId: p.nodeId as string, pid: p.pid as number };
       this.rejoining = { index: i as number, peer };
+      this.joins.endRound(roundEnded(this.where));  // an earlier rejoin's, ended part-way (LeaderJoins)
+      this.joins.startAt(m.joinSeq as number);
       for (const l of this.state.rejoinListeners) l.rejoining(this.rejoining);
     } else if (m.t === 'revived') {
       if (this.rejoining?.index !== i) return 'no such rejoin';

@@ -8,6 +8,9 @@
 // When the leader is lost (takeover.ts), a follower hands on its count, the exchanges it waits on and
 // the last ones it saw complete; the new leader gives every waiting process the result one of them saw
 // (the old leader may have told some and not others), and gathers the others anew without the old one.
+// The rejoins' exchanges go by rounds instead (LeaderJoins): a rejoin that ended part-way (its process
+// left, the leader was lost) leaves the survivors at different counts, so each rejoin's exchanges are
+// numbered from a base the leader sends with it, past every earlier one's.
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
 import type { RendezvousPeer } from './rendezvous.js';
@@ -25,6 +28,8 @@ export const REFORM: LiveKind = { ask: 'lx', all: 'lxall' };
 export const REJOIN: LiveKind = { ask: 'jx', all: 'jxall' };
 
 interface Waiter { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
+/** A follower's waiter: `expire` is what its timer runs (FollowerLive.extendWaits sets the timer again). */
+type FollowerWaiter = Waiter & { value: unknown; expire: () => void };
 
 /** A follower's exchanges as it hands them on at a change of leader (the wire form has no waiters: world/resume.ts). */
 export interface LiveHandOver {
@@ -180,6 +185,12 @@ export class LeaderLive extends LiveSide {
     }
   }
 
+  /** Every exchange gathering ends: this process's waiters with `error`, what others gave is dropped (and what they still give for them). */
+  protected dropPending(error: RankflowError): void {
+    for (const p of this.pending.values()) if (p.waiter) (clearTimeout(p.waiter.timer), p.waiter.reject(error));
+    this.pending.clear();
+  }
+
   private entry(seq: number) {
     let p = this.pending.get(seq);
     if (!p) this.pending.set(seq, (p = gathering(this.peers.length)));
@@ -203,9 +214,46 @@ export class LeaderLive extends LiveSide {
   }
 }
 
+/**
+ * The leader's side of the rejoins' exchanges (REJOIN). A rejoin's two exchanges (its join point, its
+ * numbers: actors/elastic-join.ts) are its round: numbered from the base the leader sends with the
+ * rejoin ('rejoining'), two past the last round's and not below any process's count; the exchanges
+ * of ended rounds end there, and values for them that still come are dropped (below the count). After
+ * a change of leader no round goes on (the rejoin in progress ended with the leader: takeover.ts):
+ * the survivors' waits ended with it, and the resumes give only their counts.
+ */
+export class LeaderJoins extends LeaderLive {
+  private base = -2;
+
+  constructor(peers: readonly RendezvousPeer[], self: number, isLost: (index: number) => boolean, out: LeaderOut, where: string, timeoutMs: number) {
+    super(peers, self, isLost, out, where, timeoutMs, REJOIN);
+  }
+
+  /** A rejoin begins: its round's base (the count its exchanges start after). */
+  newRound(ended: RankflowError): number {
+    const base = Math.max(this.base + 2, this.seq + (this.seq % 2));
+    this.dropPending(ended);
+    this.base = this.seq = base;
+    return base;
+  }
+
+  override adopt(h: LiveHandOver): void {
+    for (const w of h.waiting) if (w.waiter) (clearTimeout(w.waiter.timer), w.waiter.reject(roundEnded(this.where)));
+    this.seq = h.at;
+  }
+
+  override resume(_index: number, h: LiveHandOver): void {
+    this.seq = Math.max(this.seq, h.at);
+  }
+}
+
+/** What a rejoin's exchange still waiting ends with once its round is over. */
+export const roundEnded = (where: string): RankflowError =>
+  new RankflowError('RANK_FAILED', `${where}: the rejoin these survivors' exchanges were for ended (a later one began, or the leader was lost)`);
+
 /** A follower's side: sends its value to the leader and waits for the gathered ones. */
 export class FollowerLive extends LiveSide {
-  private readonly waiting = new Map<number, Waiter & { value: unknown }>();
+  private readonly waiting = new Map<number, FollowerWaiter>();
   private readonly done: Array<{ seq: number; values: unknown[] }> = [];
 
   constructor(
@@ -218,19 +266,26 @@ export class FollowerLive extends LiveSide {
     super(where, timeoutMs, kind);
   }
 
-  /** A rejoiner's: the survivors made `seq` exchanges of this kind before it came. */
+  /** A rejoiner's: the survivors made `seq` exchanges of this kind before it came; and each rejoin's round (LeaderJoins) starts at its base. */
   startAt(seq: number): void {
     this.seq = seq;
+  }
+
+  /** The rejoins' exchanges: the round waited on is over (a later rejoin began, the leader was lost): its waiters end with `error`. */
+  endRound(error: RankflowError): void {
+    for (const w of this.waiting.values()) (clearTimeout(w.timer), w.reject(error));
+    this.waiting.clear();
   }
 
   async exchange(value: unknown, timeoutMs = this.timeoutMs): Promise<unknown[]> {
     const { seq, wire } = this.start(value);
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const t0 = Date.now();
+      const expire = (): void => {
         this.waiting.delete(seq);
-        reject(new RankflowError('TIMEOUT_CPU', `${this.where}: survivors' exchange #${seq}: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
-      }, timeoutMs);
-      this.waiting.set(seq, { resolve, reject, timer, value: wire });
+        reject(new RankflowError('TIMEOUT_CPU', `${this.where}: survivors' exchange #${seq}: no answer from the leader after ${Date.now() - t0} ms`, { rank: 0 }));
+      };
+      this.waiting.set(seq, { resolve, reject, timer: setTimeout(expire, timeoutMs), expire, value: wire });
       this.send({ t: this.kind.ask, seq, value: wire });
     });
   }
@@ -247,6 +302,18 @@ export class FollowerLive extends LiveSide {
     if (this.done.length > DONE_KEPT) this.done.shift();
     w.resolve(m.values as unknown[]);
     return undefined;
+  }
+
+  /**
+   * The leader was lost (follower-session.ts): each waiter's clock starts again at `ms`, past the
+   * takeover's and the resumes' own deadlines, so that what the waiters hear is the takeover's outcome
+   * (the next leader's answer, or its RANK_FAILED), not their own timeout racing it.
+   */
+  extendWaits(ms: number): void {
+    for (const w of this.waiting.values()) {
+      clearTimeout(w.timer);
+      w.timer = setTimeout(w.expire, ms);
+    }
   }
 
   /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader answers. */

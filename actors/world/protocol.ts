@@ -65,7 +65,7 @@ export type Message =
   | { t: 'rxhit'; seq: number }
   | { t: 'rxall'; seq: number; values: unknown[] }
   | { t: 'rxcut'; seq: number }
-  | { t: 'rejoining'; index: number; peer: RendezvousPeer }
+  | { t: 'rejoining'; index: number; peer: RendezvousPeer; joinSeq: number }
   | { t: 'revived'; index: number }
   | { t: 'rejoinEnded'; index: number; reason: string }
   | { t: 'resume'; worldSize: number; rankOffset: number; localRanks: number; pid: number; hostId: string; nodeId: string; lost: number[]; live: unknown; joins: unknown; runs: unknown }

@@ -20,6 +20,8 @@ import type { RendezvousPeer } from './rendezvous.js';
 export type RunEnds = unknown[] | undefined;
 
 interface Waiter { resolve: (v: RunEnds) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
+/** A follower's waiter: `expire` is what its timer runs (FollowerRuns.extendWaits sets the timer again). */
+type FollowerWaiter = Waiter & { value: unknown; expire: () => void };
 
 /** A follower's runs as it hands them on at a change of leader: its ends waiting, the words it had (values, or null: cut). */
 export interface RunsHandOver {
@@ -221,7 +223,7 @@ export class LeaderRuns extends RunSide {
 
 /** A follower's side: sends its end, waits for the leader's word; says when it hears of a leaving meanwhile. */
 export class FollowerRuns extends RunSide {
-  private readonly waiting = new Map<number, Waiter & { value: unknown }>();
+  private readonly waiting = new Map<number, FollowerWaiter>();
   private readonly decided = new Map<number, unknown[] | null>();
 
   constructor(private readonly processes: number, private readonly send: (m: Message) => void, where: string, limitBytes: number, timeoutMs: number) {
@@ -232,11 +234,12 @@ export class FollowerRuns extends RunSide {
     const wire = this.wire(run, value);
     if (this.cut.has(run)) return undefined;  // the leader cut it before this process got there
     return new Promise((resolve, reject) => {
-      const timer = setTimeout(() => {
+      const t0 = Date.now();
+      const expire = (): void => {
         this.waiting.delete(run);
-        reject(new RankflowError('TIMEOUT_CPU', `${this.where}: run ${run}'s end: no answer from the leader after ${timeoutMs} ms`, { rank: 0 }));
-      }, timeoutMs);
-      this.waiting.set(run, { resolve, reject, timer, value: wire });
+        reject(new RankflowError('TIMEOUT_CPU', `${this.where}: run ${run}'s end: no answer from the leader after ${Date.now() - t0} ms`, { rank: 0 }));
+      };
+      this.waiting.set(run, { resolve, reject, timer: setTimeout(expire, timeoutMs), expire, value: wire });
       this.send({ t: 'rx', seq: run, value: wire });
     });
   }
@@ -262,6 +265,14 @@ export class FollowerRuns extends RunSide {
   }
 
   /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader's word. */
+  /** As FollowerLive.extendWaits: the leader was lost; the waiters' clocks start again at `ms`. */
+  extendWaits(ms: number): void {
+    for (const w of this.waiting.values()) {
+      clearTimeout(w.timer);
+      w.timer = setTimeout(w.expire, ms);
+    }
+  }
+
   handOver(): RunsHandOver {
     return { waiting: [...this.waiting].map(([run, w]) => ({ run, value: w.value, waiter: w })), decided: [...this.decided].map(([run, values]) => ({ run, values })) };
   }

@@ -10,7 +10,7 @@ import { debuglog } from 'node:util';
 
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { LeaderLive, REJOIN, gathering, give, type LeaderOut } from './live-exchange.js';
+import { LeaderJoins, LeaderLive, gathering, give, roundEnded, type LeaderOut } from './live-exchange.js';
 import { LeaderRuns } from './run-exchange.js';
 import { failureProblem, isInt, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who, LIMITS, type Incoming, type Join, type Message } from './protocol.js';
 import type { ElasticRendezvous, RankFailure, RejoinedAt, RendezvousPeer, RunRelease } from './rendezvous.js';
@@ -28,7 +28,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
   private readonly pending = new Map<number, PendingExchange>();
   private readonly goodbyes = new Set<number>();
   protected readonly live: LeaderLive;
-  protected readonly joins: LeaderLive;
+  protected readonly joins: LeaderJoins;
   protected readonly runs: LeaderRuns;
   private rejoining?: { index: number; ch: Channel; join: Join };
   /** a leader that took over (takeover.ts): the followers whose resume it still waits for */
@@ -52,7 +52,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
     const isLost = (i: number) => this.lost.has(i);
     const out: LeaderOut = { broadcast: (m) => this.broadcast(m), sendTo: (i, m) => this.channels[i]?.send(m) };
     this.live = new LeaderLive(peers, this.self, isLost, out, where, timeoutMs);
-    this.joins = new LeaderLive(peers, this.self, isLost, out, where, timeoutMs, REJOIN);
+    this.joins = new LeaderJoins(peers, this.self, isLost, out, where, timeoutMs);
     this.runs = new LeaderRuns(peers, this.self, isLost, out, where, exchangeLimit(peers.length), timeoutMs);
     channels.forEach((ch, index) => ch && this.attach(ch, index));
   }
@@ -166,8 +166,9 @@ export class LeaderSession extends Session implements ElasticRendezvous {
       if (this.rejoining?.ch === ch) this.endRejoin(`the rejoining process left (${reason})`);
     });
     const peer = toPeer(join);
+    const joinSeq = this.joins.newRound(roundEnded(this.where));
     debug('%s: began the rejoin of %s', this.where, who(peer));
-    for (const c of this.channels) c?.send({ t: 'rejoining', index, peer });
+    for (const c of this.channels) c?.send({ t: 'rejoining', index, peer, joinSeq });
     for (const l of this.state.rejoinListeners) l.rejoining({ index, peer });
   }
 
