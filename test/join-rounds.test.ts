@@ -7,12 +7,10 @@
 import { describe, expect, it } from 'vitest';
 
 import { FollowerLive, LeaderJoins, REJOIN, type LiveHandOver } from '../actors/world/live-exchange.js';
-import { RankflowError } from '../actors/core/errors.js';
 import type { Incoming, Message } from '../actors/world/protocol.js';
 import type { RendezvousPeer } from '../actors/world/rendezvous.js';
 
 const peer = (rankOffset: number): RendezvousPeer => ({ rankOffset, localRanks: 1, payload: {}, hostId: 'h', nodeId: 'h', pid: 100 + rankOffset });
-const ended = new RankflowError('RANK_FAILED', 'the rejoin ended');
 
 /** A leader (index 0) and followers 1 and 2; `deliver()` hands every queued message on, in order. */
 function world() {
@@ -27,8 +25,8 @@ function world() {
   };
   /** A rejoin begins: the leader's round, each follower told its base ('rejoining'). */
   const begin = (): number => {
-    const base = leader.newRound(ended);
-    for (const f of followers) (f.endRound(ended), f.startAt(base));
+    const base = leader.newRound();
+    for (const f of followers) (f.endRound(), f.startAt(base));
     return base;
   };
   return { leader, followers, deliver, begin };
@@ -75,7 +73,7 @@ describe("the rejoins' exchanges: one round per rejoin", () => {
     const own: LiveHandOver = { at: 2, waiting: [], done: [] };
     leader.adopt(own);
     leader.resume(2, { at: 3, waiting: [{ seq: 3, value: 'stale' }], done: [] });  // its wait ended with the old leader; the value is not gathered
-    expect(leader.newRound(ended)).toBe(4);
+    expect(leader.newRound()).toBe(4);
     expect(toFollowers).toEqual([]);
   });
 });

@@ -5,7 +5,7 @@
 // leader it reaches (reconnect), or leads itself.
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { FollowerLive, MAX_AHEAD, REJOIN, roundEnded } from './live-exchange.js';
+import { FollowerLive, MAX_AHEAD, REJOIN } from './live-exchange.js';
 import { FollowerRuns } from './run-exchange.js';
 import {
   LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, quote, releaseProblem, toFailure, toRelease, who,
@@ -160,7 +160,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
           // The takeover (its timeout), then the survivors' resumes (theirs), decide these exchanges; their own clocks wait past both.
           // A rejoin's exchanges end instead: the rejoin in progress ends with the leader (takeover.ts endRejoinHere).
           for (const x of [this.live, this.runs]) x.extendWaits(3 * this.timeoutMs);
-          this.joins.endRound(roundEnded(where));
+          this.joins.endRound();
           return this.onLeaderLost(reason);
         }
         for (const x of [this.live, this.joins, this.runs]) x.fail(this.lostError(leader));
@@ -181,7 +181,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
         return `peer ${quote(p)} is not an entry for ${who(was)}'s range`;
       const peer: RendezvousPeer = { rankOffset: was.rankOffset, localRanks: was.localRanks, payload: p.payload as Record<string, unknown>, hostId: p.hostId as string, nodeId: p.nodeId as string, pid: p.pid as number };
       this.rejoining = { index: i as number, peer };
-      this.joins.endRound(roundEnded(this.where));  // an earlier rejoin's, ended part-way (LeaderJoins)
+      this.joins.endRound();  // an earlier rejoin's, ended part-way (LeaderJoins)
       this.joins.startAt(m.joinSeq as number);
       for (const l of this.state.rejoinListeners) l.rejoining(this.rejoining);
     } else if (m.t === 'revived') {

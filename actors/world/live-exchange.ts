@@ -28,8 +28,21 @@ export const REFORM: LiveKind = { ask: 'lx', all: 'lxall' };
 export const REJOIN: LiveKind = { ask: 'jx', all: 'jxall' };
 
 interface Waiter { resolve: (v: unknown[]) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
-/** A follower's waiter: `expire` is what its timer runs (FollowerLive.extendWaits sets the timer again). */
-type FollowerWaiter = Waiter & { value: unknown; expire: () => void };
+/** A follower's wait (here and in run-exchange.ts): `expire` is what its timer runs (restartClocks sets the timer again). */
+export interface Expiring { timer: NodeJS.Timeout; expire: () => void }
+type FollowerWaiter = Waiter & Expiring & { value: unknown };
+
+/**
+ * The leader was lost (follower-session.ts): each wait's clock starts again at `ms`, past the
+ * takeover's and the resumes' own deadlines, so that what the waiters hear is the takeover's outcome
+ * (the next leader's answer, or its RANK_FAILED), not their own timeout racing it.
+ */
+export function restartClocks(waits: Iterable<Expiring>, ms: number): void {
+  for (const w of waits) {
+    clearTimeout(w.timer);
+    w.timer = setTimeout(w.expire, ms);
+  }
+}
 
 /** A follower's exchanges as it hands them on at a change of leader (the wire form has no waiters: world/resume.ts). */
 export interface LiveHandOver {
@@ -230,15 +243,15 @@ export class LeaderJoins extends LeaderLive {
   }
 
   /** A rejoin begins: its round's base (the count its exchanges start after). */
-  newRound(ended: RankflowError): number {
+  newRound(): number {
     const base = Math.max(this.base + 2, this.seq + (this.seq % 2));
-    this.dropPending(ended);
+    this.dropPending(roundEnded(this.where));
     this.base = this.seq = base;
     return base;
   }
 
+  /** Its own count as a follower until now (its waits ended when the leader was lost: FollowerLive.endRound). */
   override adopt(h: LiveHandOver): void {
-    for (const w of h.waiting) if (w.waiter) (clearTimeout(w.waiter.timer), w.waiter.reject(roundEnded(this.where)));
     this.seq = h.at;
   }
 
@@ -248,7 +261,7 @@ export class LeaderJoins extends LeaderLive {
 }
 
 /** What a rejoin's exchange still waiting ends with once its round is over. */
-export const roundEnded = (where: string): RankflowError =>
+const roundEnded = (where: string): RankflowError =>
   new RankflowError('RANK_FAILED', `${where}: the rejoin these survivors' exchanges were for ended (a later one began, or the leader was lost)`);
 
 /** A follower's side: sends its value to the leader and waits for the gathered ones. */
@@ -271,8 +284,9 @@ export class FollowerLive extends LiveSide {
     this.seq = seq;
   }
 
-  /** The rejoins' exchanges: the round waited on is over (a later rejoin began, the leader was lost): its waiters end with `error`. */
-  endRound(error: RankflowError): void {
+  /** The rejoins' exchanges: the round waited on is over (a later rejoin began, the leader was lost): its waiters end (RANK_FAILED). */
+  endRound(): void {
+    const error = roundEnded(this.where);
     for (const w of this.waiting.values()) (clearTimeout(w.timer), w.reject(error));
     this.waiting.clear();
   }
@@ -304,16 +318,9 @@ export class FollowerLive extends LiveSide {
     return undefined;
   }
 
-  /**
-   * The leader was lost (follower-session.ts): each waiter's clock starts again at `ms`, past the
-   * takeover's and the resumes' own deadlines, so that what the waiters hear is the takeover's outcome
-   * (the next leader's answer, or its RANK_FAILED), not their own timeout racing it.
-   */
+  /** The leader was lost: the waiters' clocks start again at `ms` (restartClocks). */
   extendWaits(ms: number): void {
-    for (const w of this.waiting.values()) {
-      clearTimeout(w.timer);
-      w.timer = setTimeout(w.expire, ms);
-    }
+    restartClocks(this.waiting.values(), ms);
   }
 
   /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader answers. */

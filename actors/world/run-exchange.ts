@@ -13,15 +13,14 @@
 // the open ones until every survivor resumed (a late one may have seen one decided).
 import { RankflowError } from '../core/errors.js';
 import { isInt, jsonBytes, quote, toWire, who, type Incoming, type Message } from './protocol.js';
-import { gathered, gathering, give, type Gathering, type LeaderOut } from './live-exchange.js';
+import { gathered, gathering, give, restartClocks, type Expiring, type Gathering, type LeaderOut } from './live-exchange.js';
 import type { RendezvousPeer } from './rendezvous.js';
 
 /** The exchange's result: the values (null for a process lost), or undefined: cut, a rank left while it ran. */
 export type RunEnds = unknown[] | undefined;
 
 interface Waiter { resolve: (v: RunEnds) => void; reject: (e: RankflowError) => void; timer: NodeJS.Timeout }
-/** A follower's waiter: `expire` is what its timer runs (FollowerRuns.extendWaits sets the timer again). */
-type FollowerWaiter = Waiter & { value: unknown; expire: () => void };
+type FollowerWaiter = Waiter & Expiring & { value: unknown };
 
 /** A follower's runs as it hands them on at a change of leader: its ends waiting, the words it had (values, or null: cut). */
 export interface RunsHandOver {
@@ -264,15 +263,12 @@ export class FollowerRuns extends RunSide {
     for (const run of this.waiting.keys()) this.send({ t: 'rxhit', seq: run });
   }
 
-  /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader's word. */
-  /** As FollowerLive.extendWaits: the leader was lost; the waiters' clocks start again at `ms`. */
+  /** The leader was lost: the waiters' clocks start again at `ms` (live-exchange.ts restartClocks). */
   extendWaits(ms: number): void {
-    for (const w of this.waiting.values()) {
-      clearTimeout(w.timer);
-      w.timer = setTimeout(w.expire, ms);
-    }
+    restartClocks(this.waiting.values(), ms);
   }
 
+  /** What this process hands on when its leader is lost (takeover.ts); the waiters stay here until the next leader's word. */
   handOver(): RunsHandOver {
     return { waiting: [...this.waiting].map(([run, w]) => ({ run, value: w.value, waiter: w })), decided: [...this.decided].map(([run, values]) => ({ run, values })) };
   }

@@ -10,7 +10,7 @@ import { debuglog } from 'node:util';
 
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
-import { LeaderJoins, LeaderLive, gathering, give, roundEnded, type LeaderOut } from './live-exchange.js';
+import { LeaderJoins, LeaderLive, gathering, give, type LeaderOut } from './live-exchange.js';
 import { LeaderRuns } from './run-exchange.js';
 import { failureProblem, isInt, jsonBytes, quote, releaseProblem, toFailure, toPeer, toRelease, who, LIMITS, type Incoming, type Join, type Message } from './protocol.js';
 import type { ElasticRendezvous, RankFailure, RejoinedAt, RendezvousPeer, RunRelease } from './rendezvous.js';
@@ -166,7 +166,7 @@ export class LeaderSession extends Session implements ElasticRendezvous {
       if (this.rejoining?.ch === ch) this.endRejoin(`the rejoining process left (${reason})`);
     });
     const peer = toPeer(join);
-    const joinSeq = this.joins.newRound(roundEnded(this.where));
+    const joinSeq = this.joins.newRound();
     debug('%s: began the rejoin of %s', this.where, who(peer));
     for (const c of this.channels) c?.send({ t: 'rejoining', index, peer, joinSeq });
     for (const l of this.state.rejoinListeners) l.rejoining({ index, peer });
