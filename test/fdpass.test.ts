@@ -177,6 +177,8 @@ describe('fd passing in one process', () => {
     const t0 = Date.now();
     const served = addon.fdServe(socketPath, [memfd], [me], 20_000);
     const fetching = addon.fdFetch(nobody, 20_000);
+    // Both end on the cancels, in either order: each has its handler now (awaited below, one after the other).
+    for (const p of [served, fetching]) p.catch(() => {});
     await new Promise((r) => setTimeout(r, 300));
     expect(addon.fdCancel(socketPath)).toBe(1);
     expect(addon.fdCancel(nobody)).toBe(1);

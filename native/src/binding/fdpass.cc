@@ -142,8 +142,10 @@ Napi::Value FdFetch(const Napi::CallbackInfo& info) {
       return rejected(env, "fdFetch(" + path + "): serverPid is not a pid (an integer >= 1)");
     server_pid = pid_t(d);
   }
-  auto* w = new FdPassWorker<std::vector<int>>(env, "rankflow.fdFetch",
-                                               [path, timeout, server_pid, cancels = fd_cancels(path)]() { return fd_fetch(path, timeout, server_pid, cancels); });
+  const uint64_t cancels = fd_cancels(path);  // a cancel from now on ends it, started or not
+  auto* w = new FdPassWorker<std::vector<int>>(env, "rankflow.fdFetch", [path, timeout, server_pid, cancels]() {
+    return fd_fetch(path, timeout, server_pid, cancels);
+  });
   Napi::Promise p = w->Promise();
   w->Queue();
   return p;
