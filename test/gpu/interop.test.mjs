@@ -27,7 +27,10 @@ function buildAddon() {
   const sources = ['CMakeLists.txt', ...readdirSync(path.join(ADDON_DIR, 'src')).map((f) => path.join('src', f))].map((f) => path.join(ADDON_DIR, f));
   if (existsSync(ADDON) && statSync(ADDON).mtimeMs >= Math.max(...sources.map((f) => statSync(f).mtimeMs))) return;
   const cmakeJs = path.join(root, 'node_modules', 'cmake-js', 'bin', 'cmake-js');
-  if (existsSync(ADDON) && !existsSync(cmakeJs)) return;
+  if (!existsSync(cmakeJs)) {
+    if (existsSync(ADDON)) return;
+    throw new Error(`the example addon ${path.relative(root, ADDON)} is not here and cmake-js is not installed to build it: build it where cmake-js is (this file's first run there does) and carry build/interop-addon along`);
+  }
   execFileSync(process.execPath, [cmakeJs, 'compile', '--directory', ADDON_DIR, '--out', path.join(root, 'build', 'interop-addon')],
     { cwd: root, stdio: 'inherit' });
 }
