@@ -163,19 +163,31 @@ describe.each([
 });
 
 describe('a rejoiner SIGKILLed while it joins', () => {
-  // Before it serves: its fork, its workers and its join take ~400 ms here (a kill after that is a loss, as above).
-  it.each([120, 240, 330])('after %i ms: the survivors go on degraded, and the next rejoiner takes the range back', async (ms) => {
-    const { survivors, rejoin } = await degradedWorld([1, 1, 1], 2, 25, { phase2: 40 });
-    const doomed = rejoin();
-    await new Promise((r) => setTimeout(r, ms));
-    doomed.proc.kill('SIGKILL');
-    await new Promise((r) => setTimeout(r, 300));
-    const second = rejoin();
-    expect(await second.next('ready', 30_000)).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2] });
-    for (const c of survivors) expect(await c.next('joined', 30_000)).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2] });
-    for (const d of (await Promise.all([...survivors, second].map((c) => c.next('done2', 60_000)))) as Done[]) {
-      expect(d.errors).toEqual([]);
-      expect(d.rejected).toBe(0);
+  // Before it serves: its fork, its workers and its join take ~400 ms here, less on a fast machine. A
+  // kill after it served is a loss (above), not this case: the survivors then run phase 2 with the
+  // range back once and end. Such a repetition is made again with a kill earlier (0.7x).
+  it.each([120, 240, 330])('after %i ms: the survivors go on degraded, and the next rejoiner takes the range back', async (first) => {
+    const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+    for (let ms = first; ; ms = Math.floor(ms * 0.7)) {
+      const { survivors, rejoin } = await degradedWorld([1, 1, 1], 2, 25, { phase2: 40 });
+      const doomed = rejoin();
+      await sleep(ms);
+      doomed.proc.kill('SIGKILL');
+      await sleep(300);
+      if (survivors.some((c) => c.taken('joined').length > 0)) {
+        console.log(`a rejoiner SIGKILLed ${ms} ms after its fork had served already: again, ${Math.floor(ms * 0.7)} ms after`);
+        expect(ms).toBeGreaterThan(50);
+        killAll(children);
+        continue;
+      }
+      const second = rejoin();
+      expect(await second.next('ready', 30_000)).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2] });
+      for (const c of survivors) expect(await c.next('joined', 30_000)).toMatchObject({ state: 'ready', liveRanks: [0, 1, 2] });
+      for (const d of (await Promise.all([...survivors, second].map((c) => c.next('done2', 60_000)))) as Done[]) {
+        expect(d.errors).toEqual([]);
+        expect(d.rejected).toBe(0);
+      }
+      return;
     }
   }, 120_000);
 });

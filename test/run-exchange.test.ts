@@ -3,12 +3,18 @@
 // leader's word decides: a run completes with every process's end or is cut for all; a follower that
 // hears of a leaving while it waits makes the leader cut; a cut that comes before a follower's own
 // exchange ends that exchange at once; an end that came before the leaving still completes.
+// At a leader's loss a follower's waits, those open and those opened before a leader is reached again,
+// are decided by the takeover, not by their own clocks (a FollowerSession over a socket its leader closes).
 import { describe, expect, it } from 'vitest';
 
+import net from 'node:net';
+
+import { AUTHENTICATED, Channel } from '../actors/world/channel.js';
+import { FollowerSession } from '../actors/world/follower-session.js';
 import { FollowerLive } from '../actors/world/live-exchange.js';
 import { FollowerRuns, LeaderRuns } from '../actors/world/run-exchange.js';
 import { RankflowError } from '../actors/core/errors.js';
-import type { Incoming, Message } from '../actors/world/protocol.js';
+import type { Incoming, Join, Message } from '../actors/world/protocol.js';
 import type { RendezvousPeer } from '../actors/world/rendezvous.js';
 
 const peer = (rankOffset: number): RendezvousPeer => ({ rankOffset, localRanks: 1, payload: {}, hostId: 'h', nodeId: 'h', pid: 100 + rankOffset });
@@ -107,5 +113,39 @@ describe("a follower's exchanges waiting when its leader is lost", () => {
       await expect(waiting).rejects.toMatchObject({ code: 'RANK_FAILED', message: 'no process took over' });
     });
   }
-});
 
+  // The same for one opened after the loss, while no leader is reached yet (the survivors' re-forming
+  // without the old leader, a run's end): a follower session whose leader's connection closes.
+  const lostLeader = async (timeoutMs: number) => {
+    const server = net.createServer();
+    await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+    const accepted = new Promise<net.Socket>((r) => server.once('connection', r));
+    const socket = net.connect((server.address() as net.AddressInfo).port, '127.0.0.1');
+    await new Promise((r) => socket.once('connect', r));
+    const me: Join = { t: 'join', worldSize: 3, rankOffset: 1, localRanks: 1, payload: {}, hostId: 'h', nodeId: 'h', pid: 101 };
+    const session = new FollowerSession([0, 1, 2].map(peer), new Channel(socket, AUTHENTICATED), me, timeoutMs, 'test');
+    let lost!: () => void;
+    const lostNow = new Promise<void>((r) => (lost = r));
+    session.onLeaderLost = () => lost();  // the takeover starts here (takeover.ts); it decides below
+    (await accepted).destroy();
+    await lostNow;
+    server.close();
+    return session;
+  };
+  const opened = {
+    "survivors' exchange": (s: FollowerSession) => s.exchangeAmongLive('v'),
+    "run end's exchange": (s: FollowerSession) => s.exchangeRunEnd(1, 'v'),
+  };
+  for (const [name, open] of Object.entries(opened)) {
+    it(`${name} opened after the loss, no leader reached yet: the takeover's failure is what it hears, not its own TIMEOUT_CPU`, async () => {
+      const session = await lostLeader(150);
+      const waiting = open(session);
+      let settled = false;
+      waiting.then(() => (settled = true), () => (settled = true));
+      await new Promise((r) => setTimeout(r, 300));  // past its timeout (150 ms)
+      expect(settled).toBe(false);
+      session.failWorld(new RankflowError('RANK_FAILED', 'no process took over', { rank: 0 }));
+      await expect(waiting).rejects.toMatchObject({ code: 'RANK_FAILED', message: 'no process took over' });
+    });
+  }
+});

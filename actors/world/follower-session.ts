@@ -6,7 +6,7 @@
 import { RankflowError } from '../core/errors.js';
 import type { Channel } from './channel.js';
 import { FollowerLive, MAX_AHEAD, REJOIN } from './live-exchange.js';
-import { FollowerRuns } from './run-exchange.js';
+import { FollowerRuns, type RunEnds } from './run-exchange.js';
 import {
   LIMITS, entryProblem, errorProblem, failureProblem, isInt, isObject, isText, quote, releaseProblem, toFailure, toRelease, who,
   type Incoming, type Join, type Message,
@@ -52,6 +52,22 @@ export class FollowerSession extends Session implements ElasticRendezvous {
       this.joins.startAt(rejoined.joinSeq);
     }
     this.attach(channel);
+  }
+
+  /** How long a survivors' or run end's wait lasts from the leader's loss: past the takeover's timeout and the resumes' after it. */
+  private get pastTakeoverMs(): number {
+    return 3 * this.timeoutMs;
+  }
+
+  /** While no leader is reached (takeover.ts), an exchange opened waits past the takeover as those open at the loss do (extendWaits). */
+  private untilDecided(opts?: { timeoutMs?: number }): { timeoutMs?: number } | undefined {
+    return this.parked ? { timeoutMs: Math.max(opts?.timeoutMs ?? this.timeoutMs, this.pastTakeoverMs) } : opts;
+  }
+  override exchangeAmongLive<T>(value: T, opts?: { timeoutMs?: number }): Promise<Array<T | null>> {
+    return super.exchangeAmongLive(value, this.untilDecided(opts));
+  }
+  override exchangeRunEnd(run: number, value: unknown, opts?: { timeoutMs?: number }): Promise<RunEnds> {
+    return super.exchangeRunEnd(run, value, this.untilDecided(opts));
   }
 
   /** The leader's index in `peers` now. */
@@ -159,7 +175,7 @@ export class FollowerSession extends Session implements ElasticRendezvous {
         if (this.onLeaderLost) {
           // The takeover (its timeout), then the survivors' resumes (theirs), decide these exchanges; their own clocks wait past both.
           // A rejoin's exchanges end instead: the rejoin in progress ends with the leader (takeover.ts endRejoinHere).
-          for (const x of [this.live, this.runs]) x.extendWaits(3 * this.timeoutMs);
+          for (const x of [this.live, this.runs]) x.extendWaits(this.pastTakeoverMs);
           this.joins.endRound();
           return this.onLeaderLost(reason);
         }
