@@ -298,7 +298,13 @@ struct DispatchArgs {
   DispatchIn in;
   DispatchOut out;
   uint64_t fingerprint = 0;
-  int32_t announce = 0, pad = 0;
+  int32_t announce = 0;
+  // A cached dispatch that sends its origin's weights shares the origin's receive state (source tokens,
+  // weights, send offsets: the same routing gives the same values), which the kernel leaves as it is.
+  int32_t keep_state = 0;
+  // A cached dispatch with weights of its own keeps them here as it reads them: its handle's weights,
+  // which a cached dispatch of that handle replays (the host executor's rule).
+  float* keep_weights = nullptr;
 };
 
 // What the routing blocks of rf_dispatch_fused tell each other, in device memory kept by the context

@@ -11,7 +11,10 @@
 //   The last block to finish signals `done` to every rank (itself too); every block waits for all
 //   `done`s, then the grid keeps the other ranks' rows' src_token and weights in the state (for combine;
 //   my own rows' went into the state with the rows) and copies the outputs out of the buffer when
-//   asked to (alone with the outputs in the buffer, a block ends after its rows).
+//   asked to (alone with the outputs in the buffer, a block ends after its rows). A cached dispatch
+//   that sends its origin's weights (keep_state) shares the origin's state and leaves it as it is: its
+//   blocks end after the `done`s when the outputs stay in the buffer. One with weights of its own keeps
+//   them (keep_weights) for the cached dispatches of its handle.
 // rf_dispatch_fused (a dispatch without a CPU sync, device inputs, outputs in the buffer): the two in
 //   one launch. Block 0 does the notify's counting and talking to the peers; blocks 1.. each route a
 //   run of tokens (notify.cuh, `fused`) and then copy those same tokens, at the offsets the receivers'
@@ -62,6 +65,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   const int lane = tid & 31;
   const uint64_t seq = op_seq(a), live = live_ranks(a);
   const bool lead = part.block == 0;
+  const int keep = args.keep_state;  // the receive state is the origin's, already right (args.hpp)
   const uint64_t* peers = known_peers != nullptr ? known_peers : own_peers;
   if (known_peers == nullptr && tid < W) own_peers[tid] = a.peers[tid];
   if (tid == 0) refused_bits = 0, own_first = 0;
@@ -77,13 +81,13 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
     if (!own_from_counts) {
       ok = ok && !gave_up(a.arrivals);  // a notify that gave up announced nothing, to me neither
       offs[tid] = st.recv_offset[tid];
-      if (lead) st.send_offset[tid] = offs[tid];
+      if (lead && keep == 0) st.send_offset[tid] = offs[tid];
     }
   } else if (tid < W && rank_live(live, tid)) {
     uint64_t o = 0, tag = 0;
     ok = ok && wait_signal(slot_at(mine, a.ws, a.ws.enter, tid), seq, a, kPhaseEnter, tid, &o, &tag);
     offs[tid] = int(o);
-    if (ok && lead) st.send_offset[tid] = int(o);
+    if (ok && lead && keep == 0) st.send_offset[tid] = int(o);
     // Receiver tid replays another dispatch's routing: its offsets mean nothing to me. Nothing is
     // sent to it (done still is), and the op is reported; tid finds my tag wrong as well.
     if (ok && tag != args.fingerprint) {
@@ -137,6 +141,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
     if (chunk == 0 && lane < K) {
       e = in.topk_idx[t * K + lane];
       w = in.topk_weights[t * K + lane];
+      if (args.keep_weights != nullptr) args.keep_weights[t * K + lane] = w;
     }
     if (mask == 0) continue;
     // Lane l holds the output row of this token at rank l (and at rank l + 32).
@@ -177,12 +182,12 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
         const bool to_p = owner == p;
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.topk_idx))[o * K + lane] = to_p ? e - p * epr : -1;
         reinterpret_cast<float*>(b + uint64_t(m.buf.topk_weights))[o * K + lane] = to_p ? w : 0.0f;
-        if (p == rank) st.recv_topk_weights[o * K + lane] = to_p ? w : 0.0f;  // my own rows' state: now
+        if (p == rank && keep == 0) st.recv_topk_weights[o * K + lane] = to_p ? w : 0.0f;  // my own rows' state: now
       }
       if (lane == 0) {
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_token))[o] = int32_t(t);
         reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_rank))[o] = rank;
-        if (p == rank) st.recv_src_token[o] = int32_t(t);
+        if (p == rank && keep == 0) st.recv_src_token[o] = int32_t(t);
       }
       for (int i = lane; i < S; i += kWarpSize)
         reinterpret_cast<float*>(b + uint64_t(m.buf.scales))[o * S + i] = in.scales[t * S + i];
@@ -212,6 +217,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   ok = true;
   if (tid < W && rank_live(live, tid)) ok = wait_signal(slot_at(mine, a.ws, a.ws.done, tid), seq, a, kPhaseDispatchData, tid);
   if (!__syncthreads_and(ok)) return;
+  if (keep != 0 && out.x == nullptr) return;  // the state is right, and the outputs stay in the buffer
 
   // Received: keep what combine needs, and copy the outputs out when asked.
   const int64_t num = own_from_counts ? received : st.recv_offset[W];
@@ -222,9 +228,9 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   const float* rw = reinterpret_cast<const float*>(b + uint64_t(m.buf.topk_weights));
   // The state of the other ranks' rows (mine is there already: [own_lo, own_hi)).
   const int64_t own_lo = offs[rank], own_hi = own_lo + (own_from_counts ? own_rows : st.recv_offset[rank + 1] - st.recv_offset[rank]);
-  for (int64_t o = gtid; o < num; o += gthreads)
+  for (int64_t o = gtid; keep == 0 && o < num; o += gthreads)
     if (o < own_lo || o >= own_hi) st.recv_src_token[o] = rtok[o];
-  for (int64_t i = gtid; i < num * K; i += gthreads)
+  for (int64_t i = gtid; keep == 0 && i < num * K; i += gthreads)
     if (i < own_lo * K || i >= own_hi * K) st.recv_topk_weights[i] = rw[i];
   if (out.x != nullptr) {
     const char* rx = reinterpret_cast<const char*>(b + uint64_t(m.buf.x));
@@ -300,7 +306,8 @@ extern "C" __global__ void __launch_bounds__(256, 3) rf_dispatch_local(const Dis
   const DispatchIn& in = args.in;
   const int K = m.topk, E = m.num_experts, lane = int(threadIdx.x) & 31;
   if (gave_up(a.arrivals)) return;  // as data_phase: a rank that gave up moves nothing
-  if (blockIdx.x == 0 && threadIdx.x == 0) st.send_offset[0] = st.recv_offset[0];
+  const int keep = args.keep_state;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && keep == 0) st.send_offset[0] = st.recv_offset[0];
   const uint64_t b = buf_base(a, a.peers, 0), live = live_ranks(a) & 1u;
   const int64_t row = int64_t(m.hidden) * in.x_elem_bytes, nvec = row / 16, T = in.num_tokens;
   const int S = in.scales != nullptr ? int(m.buf.scales_per_token) : 0;
@@ -327,6 +334,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) rf_dispatch_local(const Dis
     if (chunk == 0 && lane < K) {
       e = in.topk_idx[t * K + lane];
       w = in.topk_weights[t * K + lane];
+      if (args.keep_weights != nullptr) args.keep_weights[t * K + lane] = w;
     }
     if (!mine) continue;
     char* dst = bx + o * row;
@@ -349,12 +357,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) rf_dispatch_local(const Dis
       const bool to_me = e >= 0 && e < E;  // every expert is mine
       reinterpret_cast<int32_t*>(b + uint64_t(m.buf.topk_idx))[o * K + lane] = to_me ? e : -1;
       reinterpret_cast<float*>(b + uint64_t(m.buf.topk_weights))[o * K + lane] = to_me ? w : 0.0f;
-      st.recv_topk_weights[o * K + lane] = to_me ? w : 0.0f;
+      if (keep == 0) st.recv_topk_weights[o * K + lane] = to_me ? w : 0.0f;
     }
     if (lane == 0) {
       reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_token))[o] = int32_t(t);
       reinterpret_cast<int32_t*>(b + uint64_t(m.buf.src_rank))[o] = 0;
-      st.recv_src_token[o] = int32_t(t);
+      if (keep == 0) st.recv_src_token[o] = int32_t(t);
     }
     for (int i = lane; i < S; i += kWarpSize)
       reinterpret_cast<float*>(b + uint64_t(m.buf.scales))[o * S + i] = in.scales[t * S + i];

@@ -3,7 +3,8 @@
 // sharing GPU 0, and one rank per GPU where there are two. Driver mode (host tensors staged through
 // device memory) and rank programs with device-resident tensors; the kernels complete while other
 // work holds most SMs; mismatched handles and bad expert ids come back as EINVAL. Above 1024 tokens
-// the notify kernel runs as a grid of blocks: the same checks at up to 3000 tokens per rank.
+// the notify kernel runs as a grid of blocks: the same checks at up to 3000 tokens per rank. Cached
+// dispatches of cached handles keep each handle's weights for its combine, at 1, 2 and 4 ranks.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 
@@ -454,5 +455,53 @@ for (const layout of layouts([1, 2, 4])) {
         });
       });
     });
+  });
+}
+
+// Chains of cached dispatches (kernels/dispatch.cu, keep_state / keep_weights): one that sends its
+// origin's weights shares the origin's receive state and leaves it alone; one with new weights keeps
+// them, and a cached dispatch of its handle replays those (the host executor's rule). Every handle's
+// combine without weights reads the weights of its own dispatch, after all four dispatches ran.
+for (const layout of layouts([1, 2, 4])) {
+  const W = layout.ranks;
+  const tokens = { 1: [128], 2: [128, 77], 4: [100, 77, 0, 128] }[W];
+
+  describe(`cached dispatches of cached handles keep each handle's weights for combine: ${layout.name}`, () => {
+    let cuda;
+    let host;
+    cudaAndHost(layout, MOE_BUFFER, (c, h) => ((cuda = c), (host = h)));
+
+    for (const fp8 of [false, true]) {
+      test(`d0; k1 = d0 with new weights; k2 = k1 without; k3 = d0 without; four combines without weights${fp8 ? ', fp8 + scales' : ''}`, async () => {
+        const cached = (seed, of, withWeights) => inputs(seed, tokens, { fp8 }).map((i, r) => ({
+          x: i.x, ...(fp8 ? { scales: i.scales } : {}), handle: of[r].handle, ...(withWeights ? { topkWeights: i.topkWeights } : {}),
+        }));
+        const run = async (g) => {
+          const d0 = await g.dispatch(inputs(91, tokens, { fp8 }));
+          const k1 = await g.dispatch(cached(92, d0, true));
+          const k2 = await g.dispatch(cached(93, k1, false));
+          const k3 = await g.dispatch(cached(94, d0, false));
+          const all = [d0, k1, k2, k3];
+          const combined = [];
+          for (const [n, res] of all.entries())
+            combined.push(await g.combine(res.map((d, r) => ({ x: tensor('bf16', [d.x.shape[0], hidden], combineInput(95 + n, r, d.x.shape[0]).x), handle: d.handle }))));
+          return { all, combined };
+        };
+        const c = await run(cuda), h = await run(host);
+        ['d0', 'k1', 'k2', 'k3'].forEach((name, n) => {
+          sameDispatch(c.all[n], h.all[n], name);
+          h.combined[n].forEach((w, r) => {
+            same(c.combined[n][r].x.data, w.x.data, `${name} combine x, rank ${r}`);
+            same(c.combined[n][r].topkWeights, w.topkWeights, `${name} combine weights, rank ${r}`);
+          });
+        });
+        // The rule itself, read off the reference: k2 received k1's weights, k3 d0's; k1's differ.
+        h.all[0].forEach((_, r) => {
+          same(h.all[2][r].topkWeights, h.all[1][r].topkWeights, `host k2 replays k1's weights, rank ${r}`);
+          same(h.all[3][r].topkWeights, h.all[0][r].topkWeights, `host k3 replays d0's weights, rank ${r}`);
+          if (h.all[0][r].x.shape[0] > 0) assert.ok(!bytes(h.all[1][r].topkWeights).equals(bytes(h.all[0][r].topkWeights)), `k1's weights are new, rank ${r}`);
+        });
+      });
+    }
   });
 }

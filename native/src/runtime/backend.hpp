@@ -200,9 +200,10 @@ class Backend {
   virtual void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) = 0;
 
   // dispatch, in three steps. notify: the routing of `in` into `l` (l.state made here), counts into
-  // every receiver. A cached dispatch (in.handle) skips it: the runtime calls adopt_routing instead.
+  // every receiver. A cached dispatch (in.handle) skips it: the runtime calls adopt_routing instead;
+  // new_weights: it sends topk weights of its own (without, its receivers get the origin's weights).
   virtual void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) = 0;
-  virtual void adopt_routing(DispatchLayout& l, const DispatchLayout& from) = 0;
+  virtual void adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool new_weights) = 0;
   // The CPU-sync wait: true once every peer's counts arrived (then l's counts are filled). With
   // block = false it only spins for spin_ns and returns false if they did not come.
   virtual bool dispatch_counts(DispatchLayout& l, bool block) = 0;

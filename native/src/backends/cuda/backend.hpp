@@ -63,6 +63,11 @@ struct CudaLayout final : LayoutState {
   std::shared_ptr<DeviceBlock> routing, recv;
   CUdeviceptr idx = 0, weights = 0;  // inside routing: [maxT * K] int32, [maxT * K] fp32
   bool cached = false;               // made from a handle: the data kernel announces `enter` itself
+  bool shared_recv = false;          // cached with the origin's weights: recv is the origin's (DispatchArgs::keep_state)
+  // Not the routing's weights: a cached dispatch's new ones (keeps_weights: the data kernel writes them
+  // there), or those of the cached handle it replays. `weights` lies in it.
+  std::shared_ptr<DeviceBlock> weights_block;
+  bool keeps_weights = false;
   bool mirrored = false;             // its notify mirrored the counts into mapped host memory
   // A dispatch without a CPU sync: its notify's arguments, launched with the data phase as one kernel
   // (rf_dispatch_fused) by dispatch_data, which comes next in the same call.
@@ -117,7 +122,7 @@ class CudaBackend : public Backend, public DeviceOps {
 
   // moe.cc
   void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
-  void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;
+  void adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool new_weights) override;
   bool dispatch_counts(DispatchLayout& l, bool block) override;
   void dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) override;
   void combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) override;
@@ -171,7 +176,8 @@ class CudaBackend : public Backend, public DeviceOps {
   // routing block of its own. A layout reused for the new handle takes over the blocks of the one that
   // expired where nothing else holds them (the cached dispatches sharing its routing, a captured
   // graph): in steady state a dispatch then allocates nothing. The rest of the state starts anew.
-  std::unique_ptr<CudaLayout> new_layout_state(DispatchLayout& l, bool own_routing);
+  // shared_recv: the receive block of the layout a cached dispatch replays with its weights (none of its own).
+  std::unique_ptr<CudaLayout> new_layout_state(DispatchLayout& l, bool own_routing, std::shared_ptr<DeviceBlock> shared_recv = nullptr);
   // Every other rank of the kernels' view (in two levels: of my node).
   kargs::Ring all_ring() const { return kargs::Ring{1, kernel_world() - 1, 1, kernel_world() - 1}; }
 

@@ -7,8 +7,10 @@
 //   data    rf_dispatch_data (with a handle's routing: the kernel announces `enter` itself)
 // Without a CPU sync (device inputs, outputs in the buffer) notify and data are one kernel,
 // rf_dispatch_fused, launched by dispatch_data (RANKFLOW_FUSED_DISPATCH=0: the two kernels).
-// Each layout owns its receive state; its routing (and the topk it was made from) is shared with the
-// cached dispatches that replay it. Driver mode stages host tensors in device memory and copies the
+// Each layout owns its receive state, but a cached dispatch that sends the origin's weights shares the
+// origin's (the same routing and weights give the same source tokens, weights and offsets: the data
+// kernel leaves it as it is, instead of copying the other ranks' rows' tokens and weights after `done`);
+// its routing (and the topk it was made from) is shared with the cached dispatches that replay it. Driver mode stages host tensors in device memory and copies the
 // results back; rank programs pass device addresses and nothing waits at the end.
 #include <algorithm>
 #include <string>
@@ -46,7 +48,7 @@ CudaLayout& CudaBackend::layout_of(DispatchLayout& l) const {
   return static_cast<CudaLayout&>(*l.state);
 }
 
-std::unique_ptr<CudaLayout> CudaBackend::new_layout_state(DispatchLayout& l, bool own_routing) {
+std::unique_ptr<CudaLayout> CudaBackend::new_layout_state(DispatchLayout& l, bool own_routing, std::shared_ptr<DeviceBlock> shared_recv) {
   std::unique_ptr<CudaLayout> st(static_cast<CudaLayout*>(l.state.release()));
   std::shared_ptr<DeviceBlock> routing, recv;
   if (st != nullptr) {
@@ -57,9 +59,11 @@ std::unique_ptr<CudaLayout> CudaBackend::new_layout_state(DispatchLayout& l, boo
     st = std::make_unique<CudaLayout>();
   }
   // Every block of a kind has the same size: the rank's MoeStateLayout, its topk copies and its scratch.
-  st->recv = recv != nullptr ? std::move(recv)
-                             : std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes,
-                                                             "dispatch receive state");
+  st->shared_recv = shared_recv != nullptr;
+  st->recv = st->shared_recv ? std::move(shared_recv)
+             : recv != nullptr ? std::move(recv)
+                               : std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes,
+                                                               "dispatch receive state");
   if (own_routing) {
     // The routing state, the topk copies, then the notify grid's scratch (used inside the kernel only).
     st->routing = routing != nullptr ? std::move(routing)
@@ -75,6 +79,7 @@ void CudaBackend::keep_for_graph(const CudaLayout& l) {
   if (!capturing_) return;
   capture_.keep.push_back(l.routing);
   capture_.keep.push_back(l.recv);
+  if (l.weights_block != nullptr) capture_.keep.push_back(l.weights_block);
 }
 
 void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) {
@@ -137,13 +142,27 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
   l.state = std::move(st);
 }
 
-void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+// A cached dispatch: the origin's routing and topk ids. Its weights: new ones, which the data kernel
+// keeps in a block of this layout as it sends them (a cached dispatch of this handle replays them);
+// or the origin's, with the origin's receive state (new_layout_state).
+void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool new_weights) {
   const auto& origin = static_cast<const CudaLayout&>(*from.state);
+  std::shared_ptr<DeviceBlock> spare;  // the expired layout's weights block, where nothing else holds it
+  if (l.state != nullptr) {
+    auto& old = static_cast<CudaLayout&>(*l.state);
+    if (old.weights_block.use_count() == 1) spare = std::move(old.weights_block);
+  }
   std::unique_ptr<CudaLayout> st;
-  translating(rank(), [&] { st = new_layout_state(l, /*own_routing=*/false); });
+  translating(rank(), [&] {
+    st = new_layout_state(l, /*own_routing=*/false, new_weights ? nullptr : origin.recv);
+    if (new_weights)
+      st->weights_block = spare != nullptr ? std::move(spare) : std::make_shared<DeviceBlock>(pool_, topk_bytes_, "cached dispatch weights");
+  });
   st->routing = origin.routing;
   st->idx = origin.idx;
-  st->weights = origin.weights;
+  st->keeps_weights = new_weights;
+  if (!new_weights) st->weights_block = origin.weights_block;
+  st->weights = new_weights ? st->weights_block->ptr : origin.weights;
   st->cached = true;
   keep_for_graph(*st);
   l.state = std::move(st);
@@ -287,6 +306,8 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     a.out = dout;
     a.fingerprint = l.fingerprint;
     a.announce = st.cached ? 1 : 0;
+    a.keep_state = st.shared_recv ? 1 : 0;
+    a.keep_weights = st.keeps_weights ? reinterpret_cast<float*>(st.weights) : nullptr;
     if (fuse) {
       kargs::FusedDispatchArgs f;
       f.notify = st.notify;

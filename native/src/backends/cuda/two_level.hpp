@@ -31,7 +31,7 @@ class CudaTwoLevel final : public CudaBackend {
   // Refused: across nodes the runtime composes the peer reduce from allGather (runtime/ops/).
   void reduce_peers(uint64_t seq, Mem in, Mem out, int64_t n, bool bf16) override;
   void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
-  void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;
+  void adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool new_weights) override;
   bool dispatch_counts(DispatchLayout& l, bool block) override;
   void dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) override;
   void combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) override;

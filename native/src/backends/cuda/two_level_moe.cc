@@ -256,7 +256,7 @@ bool CudaTwoLevel::dispatch_counts(DispatchLayout& l, bool) {  // the notify lef
 }
 
 // A cached dispatch: the host's plan is the routing; nothing on the device.
-void CudaTwoLevel::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+void CudaTwoLevel::adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool /*new_weights*/) {
   const auto& origin = static_cast<const CudaLayout&>(*from.state);
   auto st = std::make_unique<CudaLayout>();
   st->two = origin.two;

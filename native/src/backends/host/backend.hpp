@@ -80,7 +80,7 @@ class HostBackend : public Backend {
   void barrier(uint64_t seq, bool cpu_round, bool wait) override;
   void all_gather(uint64_t seq, Mem in, int64_t bytes, Mem out) override;
   void dispatch_notify(uint64_t seq, DispatchLayout& l, const DispatchInput& in) override;
-  void adopt_routing(DispatchLayout& l, const DispatchLayout& from) override;
+  void adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool new_weights) override;
   bool dispatch_counts(DispatchLayout& l, bool block) override;
   void dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchInput& in, DispatchOutput& out) override;
   void combine(uint64_t seq, DispatchLayout& l, const CombineInput& in, const CombineOutput& out) override;

@@ -97,7 +97,7 @@ void HostBackend::begin_adopt(DispatchLayout& l, const DispatchLayout& from) {
   l.state = std::move(st);
 }
 
-void HostBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+void HostBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool /*new_weights*/) {
   begin_adopt(l, from);
   announce(l.seq, l.fingerprint);
 }

@@ -18,7 +18,7 @@
 
 namespace rankflow::host {
 
-void HostTwoLevel::adopt_routing(DispatchLayout& l, const DispatchLayout& from) {
+void HostTwoLevel::adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool /*new_weights*/) {
   begin_adopt(l, from);
   announce_locals(l.seq, l.fingerprint);
 }

@@ -73,7 +73,7 @@ std::shared_ptr<DispatchLayout> dispatch_begin(Context& c, const DispatchInput& 
     l->counts_known = from->counts_known;
     l->counts = from->counts;
     l->num_recv = from->num_recv;
-    b.adopt_routing(*l, *from);
+    b.adopt_routing(*l, *from, bool(in.topk_weights));
   } else {
     l->fingerprint = l->seq;
     b.dispatch_notify(l->seq, *l, in);
