@@ -115,7 +115,8 @@ __device__ __forceinline__ void signal_relaxed(uint64_t* slot, uint64_t seq, uin
 
 // arrivals[0]: the grid-wide arrival count; arrivals[1]: set once any wait of this rank gave up
 // (device memory, so the kernels' own checks cost no PCIe read). Never reset: a rank that gave up is
-// dead for the protocol, and the host refuses its next op.
+// dead for the protocol, and the host refuses its next op. arrivals[2]: the fused dispatch's end
+// count; arrivals[3]: rf_dispatch_data's work tickets (dispatch.cu).
 __device__ __forceinline__ bool gave_up(const unsigned int* arrivals) {
   return *reinterpret_cast<const volatile unsigned int*>(arrivals + 1) != 0;
 }

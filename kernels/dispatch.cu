@@ -14,7 +14,8 @@
 //   asked to (alone with the outputs in the buffer, a block ends after its rows). A cached dispatch
 //   that sends its origin's weights (keep_state) shares the origin's state and leaves it as it is: its
 //   blocks end after the `done`s when the outputs stay in the buffer. One with weights of its own keeps
-//   them (keep_weights) for the cached dispatches of its handle.
+//   them (keep_weights) for the cached dispatches of its handle. With more items (tokens, or parts of
+//   their rows) than warps, a warp takes its next item from a ticket counter (DataPart::tickets).
 // rf_dispatch_fused (a dispatch without a CPU sync, device inputs, outputs in the buffer): the two in
 //   one launch. Block 0 does the notify's counting and talking to the peers; blocks 1.. each route a
 //   run of tokens (notify.cuh, `fused`) and then copy those same tokens, at the offsets the receivers'
@@ -41,6 +42,10 @@ constexpr int kUnroll = 8;  // 16-byte loads in flight per lane before the store
 struct DataPart {
   int64_t t_lo, t_hi, first_warp, warps;
   unsigned int blocks, block;  // the blocks that copy, and this one's index among them
+  // rf_dispatch_data: with more items than warps, a warp's items after its first come from this counter
+  // (items warps, warps + 1, ... in the order asked), not every warps-th: the grid ends when the work
+  // does, not when the warp with the most (or the heaviest) items does. Zeroed by the last block.
+  unsigned int* tickets = nullptr;
 };
 
 // The data kernel's steps as a block runs them. own_from_counts: my own rows' first row in my buffer is
@@ -118,8 +123,11 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
   // Work items: (token, chunk of its row): row_chunks (common.cuh).
   constexpr int64_t kStep = int64_t(kWarpSize) * kUnroll;  // vectors per warp step
   const RowChunks rc = row_chunks(T, warps, nvec);
-  const int64_t chunks = rc.chunks, chunk_vecs = rc.vecs;
-  for (int64_t j = first_warp; ok && j < T * chunks; j += warps) {
+  const int64_t chunks = rc.chunks, chunk_vecs = rc.vecs, items = T * chunks;
+  unsigned int* const tickets = items > warps ? part.tickets : nullptr;
+  unsigned int ticket = 0;  // asked as an item starts, read as it ends: the atomic's latency hides behind the copy
+  for (int64_t j = first_warp; ok && j < items; j = tickets != nullptr ? warps + __shfl_sync(0xffffffffu, ticket, 0) : j + warps) {
+    if (tickets != nullptr && lane == 0) ticket = atomicAdd(tickets, 1u);
     const int64_t q = j / chunks, t = part.t_lo + q, chunk = j - q * chunks;
     const char* src = x + t * row;
     const int64_t lo = chunk * chunk_vecs, hi = min(nvec, lo + chunk_vecs);
@@ -208,7 +216,9 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
     }
   }
   // done: the last block signals every rank (me too: my other blocks wait for my own rows).
-  if (last_block_arrived(arrivals) && tid < W && rank_live(live, tid) && !gave_up(a.arrivals))
+  const bool last = last_block_arrived(arrivals);
+  if (last && tid == 0 && part.tickets != nullptr) *part.tickets = 0;  // every block is past its items
+  if (last && tid < W && rank_live(live, tid) && !gave_up(a.arrivals))
     signal(slot_at(peers[tid], a.ws, a.ws.done, rank), seq);
   // Alone, with the outputs in the buffer, nothing is left once my own rows are stored: their state
   // went with them. (One rank, 4096 tokens: the wait for the last block's `done` and the state's copy
@@ -268,7 +278,7 @@ __device__ __forceinline__ void data_phase(const DispatchArgs& args, const DataP
 extern "C" __global__ void __launch_bounds__(512) rf_dispatch_data(const DispatchArgs args) {
   const int64_t wpb = blockDim.x / kWarpSize;
   const DataPart all{0, args.in.num_tokens, int64_t(blockIdx.x) * wpb + threadIdx.x / kWarpSize, int64_t(gridDim.x) * wpb,
-                     gridDim.x, blockIdx.x};
+                     gridDim.x, blockIdx.x, args.r.arrivals + 3};
   data_phase(args, all, /*own_from_counts=*/false, args.r.arrivals, true);
 }
 

@@ -30,7 +30,7 @@ bool CudaBackend::abort_raised() const { return c_.abort.raised(); }
 
 // After a run's release (runtime/ops/recover.cc): the stream drained (the released kernels gave up,
 // the others ran to their end), then what a kernel that gave up leaves behind is cleared: the give-up
-// flag every later wait of the rank would obey (arrivals[1]), the grid arrival count, the fused
+// flag every later wait of the rank would obey (arrivals[1]), the grid arrival count and work tickets, the fused
 // dispatch's scratch, the Control block's reports and the mirrored release.
 void CudaBackend::recover() {
   check_alive("recover");
