@@ -63,9 +63,9 @@ struct CudaLayout final : LayoutState {
   std::shared_ptr<DeviceBlock> routing, recv;
   CUdeviceptr idx = 0, weights = 0;  // inside routing: [maxT * K] int32, [maxT * K] fp32
   bool cached = false;               // made from a handle: the data kernel announces `enter` itself
-  bool shared_recv = false;          // cached with the origin's weights: recv is the origin's (DispatchArgs::keep_state)
   // Not the routing's weights: a cached dispatch's new ones (keeps_weights: the data kernel writes them
-  // there), or those of the cached handle it replays. `weights` lies in it.
+  // there), or those of the cached handle it replays. `weights` lies in it. A cached dispatch that does
+  // not keep weights of its own shares its origin's recv (DispatchArgs::keep_state).
   std::shared_ptr<DeviceBlock> weights_block;
   bool keeps_weights = false;
   bool mirrored = false;             // its notify mirrored the counts into mapped host memory
@@ -176,8 +176,10 @@ class CudaBackend : public Backend, public DeviceOps {
   // routing block of its own. A layout reused for the new handle takes over the blocks of the one that
   // expired where nothing else holds them (the cached dispatches sharing its routing, a captured
   // graph): in steady state a dispatch then allocates nothing. The rest of the state starts anew.
-  // shared_recv: the receive block of the layout a cached dispatch replays with its weights (none of its own).
-  std::unique_ptr<CudaLayout> new_layout_state(DispatchLayout& l, bool own_routing, std::shared_ptr<DeviceBlock> shared_recv = nullptr);
+  // shared_recv: the receive block of the layout a cached dispatch replays with its weights (none of its
+  // own); own_weights: a block for a cached dispatch's new weights (weights_block).
+  std::unique_ptr<CudaLayout> new_layout_state(DispatchLayout& l, bool own_routing, std::shared_ptr<DeviceBlock> shared_recv = nullptr,
+                                               bool own_weights = false);
   // Every other rank of the kernels' view (in two levels: of my node).
   kargs::Ring all_ring() const { return kargs::Ring{1, kernel_world() - 1, 1, kernel_world() - 1}; }
 

@@ -48,22 +48,25 @@ CudaLayout& CudaBackend::layout_of(DispatchLayout& l) const {
   return static_cast<CudaLayout&>(*l.state);
 }
 
-std::unique_ptr<CudaLayout> CudaBackend::new_layout_state(DispatchLayout& l, bool own_routing, std::shared_ptr<DeviceBlock> shared_recv) {
+std::unique_ptr<CudaLayout> CudaBackend::new_layout_state(DispatchLayout& l, bool own_routing, std::shared_ptr<DeviceBlock> shared_recv,
+                                                          bool own_weights) {
   std::unique_ptr<CudaLayout> st(static_cast<CudaLayout*>(l.state.release()));
-  std::shared_ptr<DeviceBlock> routing, recv;
+  std::shared_ptr<DeviceBlock> routing, recv, weights;
   if (st != nullptr) {
     if (st->recv.use_count() == 1) recv = std::move(st->recv);
     if (own_routing && st->routing.use_count() == 1) routing = std::move(st->routing);
+    if (own_weights && st->weights_block.use_count() == 1) weights = std::move(st->weights_block);
     *st = CudaLayout{};
   } else {
     st = std::make_unique<CudaLayout>();
   }
   // Every block of a kind has the same size: the rank's MoeStateLayout, its topk copies and its scratch.
-  st->shared_recv = shared_recv != nullptr;
-  st->recv = st->shared_recv ? std::move(shared_recv)
-             : recv != nullptr ? std::move(recv)
+  st->recv = shared_recv != nullptr ? std::move(shared_recv)
+             : recv != nullptr          ? std::move(recv)
                                : std::make_shared<DeviceBlock>(pool_, state_layout_.bytes - state_layout_.routing_bytes,
                                                                "dispatch receive state");
+  if (own_weights)
+    st->weights_block = weights != nullptr ? std::move(weights) : std::make_shared<DeviceBlock>(pool_, topk_bytes_, "cached dispatch weights");
   if (own_routing) {
     // The routing state, the topk copies, then the notify grid's scratch (used inside the kernel only).
     st->routing = routing != nullptr ? std::move(routing)
@@ -147,17 +150,8 @@ void CudaBackend::dispatch_notify(uint64_t seq, DispatchLayout& l, const Dispatc
 // or the origin's, with the origin's receive state (new_layout_state).
 void CudaBackend::adopt_routing(DispatchLayout& l, const DispatchLayout& from, bool new_weights) {
   const auto& origin = static_cast<const CudaLayout&>(*from.state);
-  std::shared_ptr<DeviceBlock> spare;  // the expired layout's weights block, where nothing else holds it
-  if (l.state != nullptr) {
-    auto& old = static_cast<CudaLayout&>(*l.state);
-    if (old.weights_block.use_count() == 1) spare = std::move(old.weights_block);
-  }
   std::unique_ptr<CudaLayout> st;
-  translating(rank(), [&] {
-    st = new_layout_state(l, /*own_routing=*/false, new_weights ? nullptr : origin.recv);
-    if (new_weights)
-      st->weights_block = spare != nullptr ? std::move(spare) : std::make_shared<DeviceBlock>(pool_, topk_bytes_, "cached dispatch weights");
-  });
+  translating(rank(), [&] { st = new_layout_state(l, /*own_routing=*/false, new_weights ? nullptr : origin.recv, new_weights); });
   st->routing = origin.routing;
   st->idx = origin.idx;
   st->keeps_weights = new_weights;
@@ -306,7 +300,7 @@ void CudaBackend::dispatch_data(uint64_t seq, DispatchLayout& l, const DispatchI
     a.out = dout;
     a.fingerprint = l.fingerprint;
     a.announce = st.cached ? 1 : 0;
-    a.keep_state = st.shared_recv ? 1 : 0;
+    a.keep_state = st.cached && !st.keeps_weights ? 1 : 0;  // the origin's recv (adopt_routing)
     a.keep_weights = st.keeps_weights ? reinterpret_cast<float*>(st.weights) : nullptr;
     if (fuse) {
       kargs::FusedDispatchArgs f;
