@@ -10,8 +10,9 @@
 // Each layout owns its receive state, but a cached dispatch that sends the origin's weights shares the
 // origin's (the same routing and weights give the same source tokens, weights and offsets: the data
 // kernel leaves it as it is, instead of copying the other ranks' rows' tokens and weights after `done`);
-// its routing (and the topk it was made from) is shared with the cached dispatches that replay it. Driver mode stages host tensors in device memory and copies the
-// results back; rank programs pass device addresses and nothing waits at the end.
+// its routing (and the topk it was made from) is shared with the cached dispatches that replay it.
+// Driver mode stages host tensors in device memory and copies the results back; rank programs pass
+// device addresses and nothing waits at the end.
 #include <algorithm>
 #include <string>
 
